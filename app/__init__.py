@@ -1,0 +1,1 @@
+"""The chatgate gateway: Starlette app, settings and CLI. Imports nothing heavy at package import."""

@@ -1,0 +1,312 @@
+"""The synchronous engine core: validate and add requests, then step.
+
+One ``step()`` = schedule -> run the model -> sample -> detokenize -> report.
+Everything here runs on one thread; ``engine.async_llm`` drives it off the
+event loop, and ``engine.llm.LLM`` drives it to completion for offline use.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import make_attention_backend
+from engine.block_manager import BlockManager
+from engine.config import ModelConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import InvalidRequestError
+from engine.model_runner import ModelRunner, kv_bytes_per_block
+from engine.models.llama import LlamaForCausalLM
+from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from engine.policy import make_policy
+from engine.request import Request, RequestStatus
+from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerConfig
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine options (vLLM's names).
+
+    Attributes:
+        block_size: tokens per KV block.
+        num_gpu_blocks: explicit KV pool size in blocks (on any device); None sizes
+            it from ``kv_cache_memory_gb`` (CPU) or free memory (CUDA).
+        kv_cache_memory_gb: KV pool budget on the CPU when num_gpu_blocks is None.
+        gpu_memory_utilization: fraction of free GPU memory given to the KV pool.
+        max_num_seqs: most requests in one step.
+        max_num_batched_tokens: token budget of one step.
+        max_model_len: longest prompt + output, tokens; defaults to the model's.
+        dtype: ``float32``, ``bfloat16`` or ``float16``.
+        device: ``cpu``, ``cuda``, ``cuda:N``.
+        seed: seeds the draws of requests that have no seed of their own.
+        attention_backend: ``auto``, ``reference`` or ``triton``.
+        scheduling_policy: see ``engine.policy.POLICIES``.
+        enable_chunked_prefill: split long prompts across steps.
+    """
+
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    kv_cache_memory_gb: float = 2.0
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 4096
+    max_model_len: int | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    attention_backend: str = "auto"
+    scheduling_policy: str = "fcfs"
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
+            raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+
+class LLMEngine:
+    """Owns the scheduler, the model runner, the sampler and per-request text state.
+
+    Args:
+        model_config: the model's shape.
+        state_dict: Hugging Face-named weights.
+        tokenizer: a Hugging Face tokenizer, or None (then outputs carry ids only).
+        config: engine options.
+        model_name: reported in stats.
+        chat_template: Jinja chat template, if the model has one.
+
+    Raises:
+        ValueError: inconsistent options (e.g. max_model_len beyond the model's).
+    """
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        state_dict: dict[str, torch.Tensor],
+        tokenizer=None,
+        config: EngineConfig = EngineConfig(),
+        model_name: str = "model",
+        chat_template: str | None = None,
+    ) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.model_name = model_name
+        self.device = torch.device(config.device)
+        self.max_model_len = config.max_model_len or model_config.max_position_embeddings
+        if self.max_model_len > model_config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the model's "
+                f"{model_config.max_position_embeddings} positions"
+            )
+        torch.manual_seed(config.seed)
+        model = LlamaForCausalLM(model_config)
+        model.load_hf_state_dict(state_dict)
+        model = model.to(device=self.device, dtype=config.torch_dtype).eval()
+        num_blocks = config.num_gpu_blocks or self._auto_num_blocks(model_config)
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill),
+            self.block_manager,
+            make_policy(config.scheduling_policy),
+        )
+        backend = make_attention_backend(config.attention_backend, self.device)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, backend)
+        generator = torch.Generator().manual_seed(config.seed)
+        self.sampler = Sampler(generator)
+        self.requests: dict[str, Request] = {}
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self.eos_token_ids = tuple(model_config.eos_token_ids)
+
+    def _auto_num_blocks(self, mc: ModelConfig) -> int:
+        per_block = kv_bytes_per_block(mc, self.config.block_size, self.config.torch_dtype)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = free * self.config.gpu_memory_utilization - (1 << 30)  # headroom for activations
+        else:
+            budget = self.config.kv_cache_memory_gb * (1 << 30)
+        return max(1, int(budget // per_block))
+
+    # -- requests -------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        tenant_id: str | None = None,
+        priority: int = 1,
+        cache_salt: str | None = None,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """Validate and queue a request.
+
+        Raises:
+            InvalidRequestError: a duplicate id, or anything ``validate`` refuses.
+        """
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", code="duplicate_id")
+        self.validate(prompt_token_ids, params)
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling_params=params,
+            tenant_id=tenant_id,
+            priority=priority,
+            cache_salt=cache_salt if cache_salt is not None else tenant_id,
+            eos_token_ids=self.eos_token_ids,
+            max_model_len=self.max_model_len,
+            **({"arrival_time": arrival_time} if arrival_time is not None else {}),
+        )
+        self.requests[request_id] = request
+        if self.tokenizer is not None:
+            self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.stop)
+        self.scheduler.add_request(request)
+        return request
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Check a request without queueing it.
+
+        Raises:
+            InvalidRequestError: empty or too-long prompt, token ids outside the
+                vocabulary, bad params, or a request that could never fit in the KV
+                pool (refused now rather than waiting forever).
+        """
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("sampling params must be a SamplingParams", code="invalid_parameter")
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty", code="empty_prompt")
+        vocab = self.model_config.vocab_size
+        if any(not (0 <= t < vocab) for t in prompt_token_ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", code="invalid_token")
+        if n >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {n} tokens; max_model_len is {self.max_model_len}, "
+                "which leaves no room to generate",
+                code="prompt_too_long",
+            )
+        worst = min(n + params.max_tokens, self.max_model_len)
+        if self.block_manager.blocks_needed(worst) > self.block_manager.num_blocks:
+            raise InvalidRequestError(
+                f"prompt ({n} tokens) plus max_tokens ({params.max_tokens}) needs "
+                f"{self.block_manager.blocks_needed(worst)} KV blocks; the pool has "
+                f"{self.block_manager.num_blocks}",
+                code="exceeds_kv_capacity",
+            )
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request at once and free its blocks; None if it is unknown or done."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        self.scheduler.finish_request(request, RequestStatus.FINISHED_ABORTED)
+        return self._finish_output(request, [])
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # -- the step ---------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step; return outputs of requests that progressed or finished."""
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        sampling = [p.request for p in plan.scheduled if p.samples]
+        try:
+            logits = self.runner.execute(plan.scheduled)
+            self.scheduler.update_after_step(plan)
+            sampled = self.sampler(logits, sampling)
+        except Exception as exc:  # a failed step fails its requests, not the engine
+            logger.exception("engine step failed")
+            outputs = []
+            for p in plan.scheduled:
+                self.scheduler.finish_request(p.request, RequestStatus.FINISHED_ERROR)
+                outputs.append(self._finish_output(p.request, [], error=f"{type(exc).__name__}: {exc}"))
+            return outputs
+        now = time.monotonic()
+        outputs = []
+        for request, token_id, logprob in zip(sampling, sampled.token_ids, sampled.logprobs):
+            outputs.append(self._advance(request, token_id, logprob, now))
+        return outputs
+
+    def _advance(self, request: Request, token_id: int, logprob, now: float) -> RequestOutput:
+        request.append_output_token(token_id)
+        if request.first_token_time is None:
+            request.first_token_time = now
+        if logprob is not None:
+            if request.logprobs is None:
+                request.logprobs = []
+            request.logprobs.append(logprob)
+        status = request.check_stop_token()
+        detok = self.detokenizers.get(request.request_id)
+        if detok is not None and detok.add_token(token_id):
+            status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = detok.stopped_by
+        if status is not None:
+            self.scheduler.finish_request(request, status)
+            return self._finish_output(request, [token_id])
+        return self._make_output(request, [token_id], finished=False)
+
+    # -- outputs -----------------------------------------------------------------
+    def _finish_output(self, request: Request, delta_ids: list[int], error: str | None = None) -> RequestOutput:
+        self.requests.pop(request.request_id, None)
+        out = self._make_output(request, delta_ids, finished=True, error=error)
+        self.detokenizers.pop(request.request_id, None)
+        return out
+
+    def _make_output(self, request: Request, delta_ids: list[int], finished: bool, error: str | None = None) -> RequestOutput:
+        detok = self.detokenizers.get(request.request_id)
+        delta_text = detok.take_delta(finished) if detok else ""
+        text = detok.output_text[: detok.emitted] if detok else ""
+        completion = CompletionOutput(
+            index=0,
+            text=text,
+            token_ids=request.output_token_ids,
+            finish_reason=request.status.finish_reason if finished else None,
+            delta_text=delta_text,
+            delta_token_ids=delta_ids,
+            logprobs=request.logprobs,
+            stop_reason=request.stop_reason,
+        )
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=None,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            metrics=RequestMetrics(request.arrival_time, request.first_token_time, request.finished_time),
+            error=error,
+        )
+
+    # -- introspection -------------------------------------------------------------
+    def stats(self) -> dict:
+        """Queue lengths and KV pool use (counts of requests and blocks)."""
+        s = self.scheduler
+        return {
+            "model": self.model_name,
+            "num_running": len(s.running),
+            "num_waiting": len(s.waiting),
+            "num_swapped": 0,
+            "num_preemptions": s.num_preemptions,
+            "free_gpu_blocks": self.block_manager.num_free_blocks,
+            "total_gpu_blocks": self.block_manager.num_blocks,
+        }

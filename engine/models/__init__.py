@@ -1,0 +1,1 @@
+"""Model definitions of our own (Llama family)."""
