@@ -1,0 +1,223 @@
+"""The engine client for async servers: the core loop runs on its own thread.
+
+``generate`` is an async iterator of ``RequestOutput`` deltas; nothing on the
+event loop ever waits on model work. Commands (add, abort) cross to the engine
+thread through a queue; outputs come back with ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from engine.errors import InvalidRequestError
+from engine.llm import encode_chat, load_engine
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    tenant_id: str | None
+    priority: int
+    cache_salt: str | None
+    sink: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+    accepted: asyncio.Future
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread has stopped; no request can be served."""
+
+
+class AsyncLLM:
+    """Async client over an ``LLMEngine`` driven by a background thread.
+
+    Args:
+        model: as for ``engine.LLM``.
+        **engine_kwargs: ``EngineConfig`` fields.
+
+    Raises:
+        engine.loader.ModelLoadError, ValueError: as for ``engine.LLM``.
+    """
+
+    def __init__(self, model: str | None = None, *, engine: LLMEngine | None = None, **engine_kwargs) -> None:
+        if engine is None:
+            if model is None:
+                raise ValueError("give a model name or an engine")
+            engine = load_engine(model, **engine_kwargs)
+        self.engine = engine
+        self._commands: queue.Queue = queue.Queue()
+        self._sinks: dict[str, tuple[asyncio.Queue, asyncio.AbstractEventLoop]] = {}
+        self._stats = engine.stats()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chatgate-engine", daemon=True)
+        self._thread.start()
+
+    # -- properties used by gateways ------------------------------------------------
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        """Chat messages -> prompt token ids. Raises InvalidRequestError on bad messages."""
+        return encode_chat(self.engine, messages)
+
+    def stats(self) -> dict:
+        """A snapshot of the engine's counters, refreshed after every step."""
+        return dict(self._stats)
+
+    # -- requests -----------------------------------------------------------------------
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        *,
+        tenant_id: str | None = None,
+        priority: int = 1,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream the outputs of one request; the last one has ``finished`` set.
+
+        Raises:
+            InvalidRequestError: before the first output, for a request the engine refuses.
+            EngineDeadError: the engine thread has stopped.
+
+        Closing the iterator early (``break``, task cancellation) aborts the request.
+        """
+        if self._stopped.is_set():
+            raise EngineDeadError("the engine has stopped")
+        loop = asyncio.get_running_loop()
+        sink: asyncio.Queue = asyncio.Queue()
+        accepted = loop.create_future()
+        self._commands.put(_Add(request_id, list(prompt_token_ids), params, tenant_id, priority, cache_salt, sink, loop, accepted))
+        await accepted
+        finished = False
+        try:
+            while True:
+                out = await sink.get()
+                if isinstance(out, BaseException):
+                    raise out
+                finished = out.finished
+                yield out
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self._commands.put(_Abort(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request; its KV blocks are freed on the engine thread's next turn."""
+        self._commands.put(_Abort(request_id))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread; requests still running end with an error."""
+        self._stopped.set()
+        self._commands.put(None)
+        self._thread.join(timeout)
+
+    # -- the engine thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopped.is_set():
+                block = not self.engine.has_unfinished_requests()
+                if not self._drain_commands(block):
+                    break
+                if self.engine.has_unfinished_requests():
+                    for out in self.engine.step():
+                        self._deliver(out)
+                self._stats = self.engine.stats()
+        except BaseException as exc:  # noqa: BLE001 - reported to every waiter, then re-raised
+            logger.exception("engine thread died")
+            for rid in list(self._sinks):
+                self._deliver_error(rid, EngineDeadError(f"engine stopped: {exc}"))
+            raise
+        finally:
+            self._stopped.set()
+            for rid in list(self._sinks):
+                self._deliver_error(rid, EngineDeadError("the engine has stopped"))
+
+    def _drain_commands(self, block: bool) -> bool:
+        """Apply queued commands; wait for one when idle. False means shut down."""
+        try:
+            cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if cmd is None:
+                return False
+            self._apply(cmd)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _apply(self, cmd: _Add | _Abort) -> None:
+        if isinstance(cmd, _Abort):
+            out = self.engine.abort_request(cmd.request_id)
+            if out is not None:
+                self._deliver(out)
+            return
+        try:
+            self.engine.add_request(
+                cmd.request_id, cmd.prompt_token_ids, cmd.params,
+                tenant_id=cmd.tenant_id, priority=cmd.priority, cache_salt=cmd.cache_salt,
+            )
+        except InvalidRequestError as exc:
+            cmd.loop.call_soon_threadsafe(_set_exception, cmd.accepted, exc)
+            return
+        self._sinks[cmd.request_id] = (cmd.sink, cmd.loop)
+        cmd.loop.call_soon_threadsafe(_set_result, cmd.accepted, None)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        entry = self._sinks.get(out.request_id)
+        if entry is None:
+            return
+        if out.finished:
+            del self._sinks[out.request_id]
+        sink, loop = entry
+        try:
+            loop.call_soon_threadsafe(sink.put_nowait, out)
+        except RuntimeError:  # the caller's loop is closed; nobody is listening
+            pass
+
+    def _deliver_error(self, request_id: str, exc: BaseException) -> None:
+        sink, loop = self._sinks.pop(request_id)
+        try:
+            loop.call_soon_threadsafe(sink.put_nowait, exc)
+        except RuntimeError:
+            pass
+
+
+def _set_result(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
