@@ -327,7 +327,11 @@ class ChatSession:
                 delta = out.outputs[0].delta_text
                 if delta:
                     self._emit(ChatDeltaEvent(id=chat_id, text=delta))
-            done = _done_event(chat_id, len(prompt_ids), last, None)
+            if last is not None and last.outputs[0].finish_reason == "error":
+                log.error("socket %d chat %s failed in the engine: %s", self._sid, request_id, last.error)
+                done = ErrorEvent(id=chat_id, code="engine_error", message="the engine failed on this chat")
+            else:
+                done = _done_event(chat_id, len(prompt_ids), last, None)
         except asyncio.CancelledError:
             # chat.cancel or disconnect; closing the stream below aborts it in the engine.
             done = _done_event(chat_id, len(prompt_ids), last, "abort")
