@@ -8,6 +8,7 @@ connect timeout so a dead server fails fast instead of hanging a request.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,17 @@ from .errors import SchemaNotReadyError, StoreUnavailableError
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 CONNECT_TIMEOUT_S = 5.0
+
+
+class _DropOperationDebug(logging.Filter):
+    """aiosqlite logs every operation with its bound parameters at DEBUG, which would
+    put key digests in the logs; drop those records, keep everything else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.DEBUG
+
+
+logging.getLogger("aiosqlite").addFilter(_DropOperationDebug())
 
 _ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg"}
 
@@ -64,7 +76,10 @@ def create_engine(database_url: str | URL) -> AsyncEngine:
 def _create_sqlite_engine(url: URL) -> AsyncEngine:
     if url.database in (None, "", ":memory:") or url.database.startswith("file:"):
         raise ValueError("the tenancy store needs a SQLite file, not an in-memory database")
-    Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    try:
+        Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise StoreUnavailableError(f"cannot create the SQLite directory: {error}") from error
     engine = create_async_engine(
         url, hide_parameters=True, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
     )
