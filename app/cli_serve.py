@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ipaddress
+import logging
 
 LOCAL_TENANT = "local"
 # Frames up to this many times the message limit get an ``error`` event; larger
@@ -51,6 +52,10 @@ def serve(args: argparse.Namespace) -> int:
     from app.settings import get_settings
 
     settings = get_settings(**{k: getattr(args, k) for k in _SETTING_ARGS if getattr(args, k) is not None})
+    logging.basicConfig(
+        level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     key = asyncio.run(bootstrap(settings.database_url, settings.host))
     base = f"http://{_url_host(settings.host)}:{settings.port}/"
 

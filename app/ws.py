@@ -317,7 +317,7 @@ class ChatSession:
     ) -> None:
         """Stream one chat: deltas as they come, then exactly one ``chat.done`` or ``error``."""
         stream = self._llm.generate(
-            prompt_ids, params, request_id, tenant_id=self._principal.tenant_id, priority=priority
+            prompt_ids, params, request_id, tenant_id=str(self._principal.tenant_id), priority=priority
         )
         last = None
         done: ChatDoneEvent | ErrorEvent | None = None
