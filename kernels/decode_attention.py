@@ -30,13 +30,14 @@ def _decode_split_kernel(
     k_cache_ptr, v_cache_ptr,  # (num_blocks, block_size, H_kv, D)
     block_tables_ptr,  # (B, max_blocks)
     seq_lens_ptr,  # (B,)
-    out_ptr,  # (B, H, D), written when NUM_SPLITS == 1
-    part_out_ptr,  # (B, H, NUM_SPLITS, BLOCK_D) fp32, normalised per split
-    part_lse_ptr,  # (B, H, NUM_SPLITS) fp32, log2-sum-exp2 of each split
+    out_ptr,  # (B, H, D), written when SINGLE_SPLIT
+    part_out_ptr,  # (B, H, num_splits, BLOCK_D) fp32, normalised per split
+    part_lse_ptr,  # (B, H, num_splits) fp32, log2-sum-exp2 of each split
     scale_log2,  # softmax scale * log2(e)
+    num_splits,  # runtime, so that split counts share one compiled kernel
     stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ob, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -44,7 +45,7 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
     # Splits own whole pages so that a page is never read by two programs.
-    pages_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_SIZE), NUM_SPLITS)
+    pages_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_SIZE), num_splits)
     start = split * pages_per_split * BLOCK_SIZE
     end = tl.minimum(start + pages_per_split * BLOCK_SIZE, seq_len)
 
@@ -93,11 +94,11 @@ def _decode_split_kernel(
 
     has = l_i > 0  # an empty split (short sequence) leaves l_i == 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
-    if NUM_SPLITS == 1:
+    if SINGLE_SPLIT:
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
     else:
-        row_s = (b * (GROUP * tl.num_programs(1)) + heads) * NUM_SPLITS + split  # (BLOCK_G,)
+        row_s = (b * (GROUP * tl.num_programs(1)) + heads) * num_splits + split  # (BLOCK_G,)
         tl.store(part_out_ptr + row_s[:, None] * BLOCK_D + offs_d[None, :], out,
                  mask=mask_g[:, None])
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
@@ -236,10 +237,10 @@ def paged_decode_attention(
         part_out = part_lse = out  # unused
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
-        scale * 1.4426950408889634,
+        scale * 1.4426950408889634, num_splits,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, SINGLE_SPLIT=num_splits == 1,
         BLOCK_G=block_g, BLOCK_D=block_d, BLOCK_N=block_n,
         IEEE=query.dtype == torch.float32, UPCAST=query.device.type == "cpu",
         num_warps=num_warps, num_stages=num_stages,
