@@ -22,6 +22,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from .records import KeyInfo, Quotas, TenantInfo, decode_priorities
+
 # Deterministic constraint names, so migrations can refer to them on both databases.
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -80,3 +82,35 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+# ---- ORM rows -> frozen records (nothing outside the package sees ORM objects) ----
+
+
+def tenant_quotas(tenant: Tenant) -> Quotas:
+    return Quotas(**{field: getattr(tenant, field) for field in Quotas.__dataclass_fields__})
+
+
+def tenant_info(tenant: Tenant) -> TenantInfo:
+    return TenantInfo(
+        id=tenant.id,
+        name=tenant.name,
+        weight=tenant.weight,
+        allowed_priorities=decode_priorities(tenant.allowed_priorities),
+        disabled=tenant.disabled,
+        quotas=tenant_quotas(tenant),
+        created_at=as_utc(tenant.created_at),
+        updated_at=as_utc(tenant.updated_at),
+    )
+
+
+def key_info(key: ApiKey, tenant_name: str) -> KeyInfo:
+    return KeyInfo(
+        id=key.id,
+        tenant_id=key.tenant_id,
+        tenant_name=tenant_name,
+        prefix=key.prefix,
+        created_at=as_utc(key.created_at),
+        revoked_at=as_utc(key.revoked_at),
+        last_used_at=as_utc(key.last_used_at),
+    )

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import re
 from collections.abc import AsyncIterator, Iterable
 
 from sqlalchemy import func, select, text, update
@@ -21,20 +19,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from . import keys
 from .db import create_engine, translate_errors
 from .errors import NotFoundError, TenantExistsError
-from .models import ApiKey, Tenant, as_utc, utcnow
-from .records import (
-    KeyInfo,
-    Principal,
-    Quotas,
-    TenantInfo,
-    decode_priorities,
-    encode_priorities,
-    normalize_priorities,
-)
+from .models import ApiKey, Tenant, key_info, tenant_info, tenant_quotas, utcnow
+from .records import KeyInfo, Principal, Quotas, TenantInfo, decode_priorities, encode_priorities
+from .validation import check_name, check_weight, normalize_priorities, quota_columns
 
 log = logging.getLogger(__name__)
 
-TENANT_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")
 _KEY_PREFIX_ATTEMPTS = 5
 
 
@@ -100,11 +90,11 @@ class TenancyStore:
             TenantExistsError: the name is taken.
         """
         tenant = Tenant(
-            name=_check_name(name),
-            weight=_check_weight(weight),
+            name=check_name(name),
+            weight=check_weight(weight),
             allowed_priorities=encode_priorities(normalize_priorities(allowed_priorities)),
             disabled=False,
-            **_quota_columns(quotas or Quotas()),
+            **quota_columns(quotas or Quotas()),
         )
         try:
             async with self._transaction() as session:
@@ -114,13 +104,13 @@ class TenancyStore:
         except IntegrityError as error:  # lost a race with a concurrent create
             raise TenantExistsError(f"tenant {name!r} already exists") from error
         log.info("created tenant %s (id %d)", tenant.name, tenant.id)
-        return _tenant_info(tenant)
+        return tenant_info(tenant)
 
     async def list_tenants(self) -> list[TenantInfo]:
         """All tenants, ordered by id."""
         async with self._transaction() as session:
             rows = await session.scalars(select(Tenant).order_by(Tenant.id))
-            return [_tenant_info(t) for t in rows]
+            return [tenant_info(t) for t in rows]
 
     async def count_tenants(self) -> int:
         async with self._transaction() as session:
@@ -129,7 +119,7 @@ class TenancyStore:
     async def get_tenant(self, name_or_id: str | int) -> TenantInfo:
         """The tenant with this name (or integer id). Raises ``NotFoundError``."""
         async with self._transaction() as session:
-            return _tenant_info(await _find_tenant(session, name_or_id))
+            return tenant_info(await _find_tenant(session, name_or_id))
 
     async def update_tenant(
         self,
@@ -151,13 +141,13 @@ class TenancyStore:
         """
         changes: dict[str, object] = {}
         if name is not None:
-            changes["name"] = _check_name(name)
+            changes["name"] = check_name(name)
         if weight is not None:
-            changes["weight"] = _check_weight(weight)
+            changes["weight"] = check_weight(weight)
         if allowed_priorities is not None:
             changes["allowed_priorities"] = encode_priorities(normalize_priorities(allowed_priorities))
         if quotas is not None:
-            changes.update(_quota_columns(quotas))
+            changes.update(quota_columns(quotas))
         if disabled is not None:
             changes["disabled"] = bool(disabled)
         try:
@@ -166,7 +156,7 @@ class TenancyStore:
                 for column, value in changes.items():
                     setattr(tenant, column, value)
                 await session.flush()
-                return _tenant_info(tenant)
+                return tenant_info(tenant)
         except IntegrityError as error:
             raise TenantExistsError(f"tenant {name!r} already exists") from error
 
@@ -201,7 +191,7 @@ class TenancyStore:
                     key = ApiKey(tenant_id=tenant.id, prefix=prefix, digest=keys.digest_key(plain_key))
                     session.add(key)
                     await session.flush()
-                    info = _key_info(key, tenant.name)
+                    info = key_info(key, tenant.name)
             except IntegrityError:  # prefix collision (36**8 space): draw again
                 if attempt == _KEY_PREFIX_ATTEMPTS - 1:
                     raise
@@ -215,7 +205,7 @@ class TenancyStore:
         async with self._transaction() as session:
             tenant = await _find_tenant(session, tenant_name)
             rows = await session.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant.id).order_by(ApiKey.id))
-            return [_key_info(k, tenant.name) for k in rows]
+            return [key_info(k, tenant.name) for k in rows]
 
     async def revoke_key(self, prefix_or_id: str | int) -> KeyInfo:
         """Revoke a key by its visible prefix (``cg_xxxxxxxx``) or integer id.
@@ -236,7 +226,7 @@ class TenancyStore:
             if key.revoked_at is None:
                 key.revoked_at = utcnow()
             log.info("revoked key %s of tenant %s", key.prefix, tenant_name)
-            return _key_info(key, tenant_name)
+            return key_info(key, tenant_name)
 
     async def authenticate(self, plain_key: str) -> Principal | None:
         """Verify a presented API key.
@@ -273,7 +263,7 @@ class TenancyStore:
                 key_prefix=key.prefix,
                 weight=tenant.weight,
                 allowed_priorities=decode_priorities(tenant.allowed_priorities),
-                quotas=_quotas(tenant),
+                quotas=tenant_quotas(tenant),
             )
 
 
@@ -290,56 +280,3 @@ async def _find_tenant(session: AsyncSession, name_or_id: str | int) -> Tenant:
     if tenant is None:
         raise NotFoundError(f"no tenant {name_or_id!r}")
     return tenant
-
-
-def _check_name(name: str) -> str:
-    if not isinstance(name, str) or not TENANT_NAME_RE.match(name):
-        raise ValueError(
-            f"invalid tenant name {name!r}: a letter then up to 63 letters, digits, '.', '_' or '-'"
-        )
-    return name
-
-
-def _check_weight(weight: float) -> float:
-    weight = float(weight)
-    if not math.isfinite(weight) or weight <= 0:
-        raise ValueError(f"tenant weight must be a finite number > 0, got {weight}")
-    return weight
-
-
-def _quota_columns(quotas: Quotas) -> dict[str, int | None]:
-    columns = {}
-    for field, value in vars(quotas).items():
-        if value is not None and (not isinstance(value, int) or value < 0):
-            raise ValueError(f"quota {field} must be a non-negative integer or None, got {value!r}")
-        columns[field] = value
-    return columns
-
-
-def _quotas(tenant: Tenant) -> Quotas:
-    return Quotas(**{field: getattr(tenant, field) for field in Quotas.__dataclass_fields__})
-
-
-def _tenant_info(tenant: Tenant) -> TenantInfo:
-    return TenantInfo(
-        id=tenant.id,
-        name=tenant.name,
-        weight=tenant.weight,
-        allowed_priorities=decode_priorities(tenant.allowed_priorities),
-        disabled=tenant.disabled,
-        quotas=_quotas(tenant),
-        created_at=as_utc(tenant.created_at),
-        updated_at=as_utc(tenant.updated_at),
-    )
-
-
-def _key_info(key: ApiKey, tenant_name: str) -> KeyInfo:
-    return KeyInfo(
-        id=key.id,
-        tenant_id=key.tenant_id,
-        tenant_name=tenant_name,
-        prefix=key.prefix,
-        created_at=as_utc(key.created_at),
-        revoked_at=as_utc(key.revoked_at),
-        last_used_at=as_utc(key.last_used_at),
-    )
