@@ -12,7 +12,10 @@ STORIES_MAX_MODEL_LEN = 256
 @pytest.fixture(scope="session")
 def gateway(tmp_path_factory: pytest.TempPathFactory, stories_path) -> GatewayServer:
     """``chatgate serve`` on stories260k with tenants local (bootstrap), alpha, beta."""
-    server = GatewayServer(tmp_path_factory.mktemp("gateway"), "stories260k", STORIES_MAX_MODEL_LEN)
+    server = GatewayServer(
+        tmp_path_factory.mktemp("gateway"), "stories260k", STORIES_MAX_MODEL_LEN,
+        extra_env={"CHATGATE_AUTH_TIMEOUT_S": "1.5"},
+    )  # fmt: skip
     server.start()
     try:
         server.add_tenant("alpha", allowed_priorities={"interactive", "standard", "batch"})
