@@ -97,6 +97,17 @@ def _create_sqlite_engine(url: URL) -> AsyncEngine:
     return engine
 
 
+# SQLSTATE classes that mean "this database cannot serve us now": connection
+# exception, invalid catalog (no such database), invalid authorization,
+# insufficient resources (too many connections), operator intervention
+# (shutdown, starting up), system error.
+_UNAVAILABLE_SQLSTATE_CLASSES = frozenset({"08", "3D", "28", "53", "57", "58"})
+
+
+def _sqlstate(error: exc.DBAPIError) -> str:
+    return str(getattr(error.orig, "sqlstate", None) or getattr(error.orig, "pgcode", None) or "")
+
+
 def _is_missing_table(error: BaseException) -> bool:
     text = str(error).lower()
     # SQLite: "no such table"; PostgreSQL: UndefinedTableError (SQLSTATE 42P01).
@@ -120,8 +131,14 @@ def translate_errors() -> Iterator[None]:
             raise SchemaNotReadyError(
                 "the tenancy schema is missing: run `chatgate db upgrade`"
             ) from error
-        if isinstance(error, (exc.OperationalError, exc.InterfaceError)) or error.connection_invalidated:
-            raise StoreUnavailableError(f"database unavailable: {type(error.orig).__name__}") from error
+        if (
+            isinstance(error, (exc.OperationalError, exc.InterfaceError))
+            or error.connection_invalidated
+            or _sqlstate(error)[:2] in _UNAVAILABLE_SQLSTATE_CLASSES
+        ):
+            # The driver's own message (never the statement or its parameters).
+            detail = str(error.orig).strip().splitlines()[0][:200] if str(error.orig).strip() else ""
+            raise StoreUnavailableError(f"database unavailable: {detail or type(error.orig).__name__}") from error
         raise
     except exc.TimeoutError as error:  # connection pool exhausted
         raise StoreUnavailableError("database unavailable: connection pool timed out") from error

@@ -271,3 +271,12 @@ async def test_unopenable_sqlite_file_raises_store_unavailable(tmp_path):
 
 async def test_ping_succeeds_on_a_live_database(store):
     await store.ping()
+
+
+async def test_missing_postgres_database_or_role_raises_store_unavailable(postgresql_url):
+    base = postgresql_url.rsplit("/", 1)[0]
+    user_less = base.replace("postgres@", "no_such_role_cg@").replace("root@", "no_such_role_cg@")
+    for url in (f"{base}/no_such_database_cg", f"{user_less}/test"):
+        async with TenancyStore(url) as store:
+            with pytest.raises(StoreUnavailableError):
+                await store.list_tenants()
