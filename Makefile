@@ -24,7 +24,7 @@ system-deps:
 	bash scripts/system-deps.sh
 
 run: setup
-	$(BIN)/chatgate demo
+	$(BIN)/chatgate serve --host 127.0.0.1 --port 8000 --model smollm2-135m-instruct
 
 test: setup system-deps
 	$(BIN)/python -m pytest -q -p no:cacheprovider
