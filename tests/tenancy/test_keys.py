@@ -53,3 +53,12 @@ def test_malformed_keys_have_no_prefix(text):
 def test_non_string_key_is_malformed():
     assert keys.parse_prefix(None) is None  # type: ignore[arg-type]
     assert keys.parse_prefix(b"cg_abcdefgh_" + b"x" * 43) is None  # type: ignore[arg-type]
+
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+
+@given(st.text(max_size=80))
+def test_parse_prefix_never_raises_and_only_accepts_key_shapes(text):
+    prefix = keys.parse_prefix(text)
+    assert prefix is None or (text.startswith(prefix + "_") and keys.is_prefix(prefix))

@@ -280,3 +280,30 @@ async def test_missing_postgres_database_or_role_raises_store_unavailable(postgr
         async with TenancyStore(url) as store:
             with pytest.raises(StoreUnavailableError):
                 await store.list_tenants()
+
+
+# ---- concurrency ---------------------------------------------------------------------------
+
+
+async def test_racing_creates_of_one_name_yield_one_tenant(migrated_url):
+    stores = [TenancyStore(migrated_url) for _ in range(3)]
+    try:
+        results = await asyncio.gather(
+            *(s.create_tenant("acme") for s in stores for _ in range(3)), return_exceptions=True
+        )
+    finally:
+        for s in stores:
+            await s.close()
+    created = [r for r in results if not isinstance(r, BaseException)]
+    assert len(created) == 1
+    assert all(isinstance(r, TenantExistsError) for r in results if isinstance(r, BaseException))
+
+
+async def test_concurrent_writers_from_two_stores_all_commit(migrated_url):
+    a, b = TenancyStore(migrated_url), TenancyStore(migrated_url)
+    try:
+        await asyncio.gather(*(s.create_tenant(f"t{i}_{j}") for j, s in enumerate((a, b)) for i in range(15)))
+        assert await a.count_tenants() == 30
+    finally:
+        await a.close()
+        await b.close()
