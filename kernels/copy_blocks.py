@@ -1,12 +1,15 @@
 """Batched block copies for KV swap out / swap in and for copy-on-write.
 
-Choice (documented in :func:`copy_blocks`): inside one GPU a single Triton launch
-copies every block; across GPU and pinned CPU memory the GPU side is gathered
-(swap out) or scattered (swap in) with one ``index_select``/``index_copy_`` in
-HBM, and the PCIe leg is one ``non_blocking`` DMA per run of consecutive CPU
-block ids (one copy per step when the CPU pool hands out consecutive blocks).
-A per-block ``cudaMemcpyAsync``, as in vLLM's ``swap_blocks``, would pay a few
-microseconds of launch overhead for every 16-token block of every layer.
+Choice (documented in :func:`copy_blocks`, measured in BENCHMARKS.md): inside one
+GPU a single Triton launch copies every block. Across GPU and CPU memory, when
+the CPU side's block ids form a few runs of consecutive ids, the GPU side is
+gathered (swap out) or scattered (swap in) with one ``index_select`` /
+``index_copy_`` in HBM and each run crosses PCIe as one ``non_blocking`` DMA on
+the copy engines (no SM time). When the CPU ids are scattered and the CPU pool
+is pinned, the same Triton kernel reads or writes the pinned pages directly
+(zero-copy through unified addressing): one launch at about the pinned-copy
+bandwidth, where one DMA per block, as in vLLM's ``swap_blocks``, pays a few
+microseconds for every 32 KiB block (5% of the bandwidth on an H200).
 """
 
 from __future__ import annotations
@@ -59,21 +62,27 @@ def _runs(ids: torch.Tensor) -> list[tuple[int, int, int]]:
     return runs
 
 
-def _swap_out(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor) -> None:
-    order = torch.argsort(mapping[:, 1])
-    src_ids, dst_ids = mapping[order, 0], mapping[order, 1]  # sorted by CPU block
-    staging = src.index_select(0, src_ids.to(src.device, non_blocking=True))  # (n, BS, H_kv, D)
-    for first, offset, length in _runs(dst_ids):
-        dst[first:first + length].copy_(staging[offset:offset + length], non_blocking=True)
+# More DMA runs than this and one zero-copy launch wins (each DMA costs ~10 us).
+_MAX_DMA_RUNS = 8
 
 
-def _swap_in(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor) -> None:
-    order = torch.argsort(mapping[:, 0])
+def _swap(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor, cpu_col: int) -> None:
+    """GPU <-> CPU copy; ``cpu_col`` is the mapping column of the CPU side (0: in, 1: out)."""
+    cpu, gpu = (src, dst) if cpu_col == 0 else (dst, src)
+    order = torch.argsort(mapping[:, cpu_col])
     src_ids, dst_ids = mapping[order, 0], mapping[order, 1]  # sorted by CPU block
-    staging = torch.empty((len(src_ids), *src.shape[1:]), dtype=dst.dtype, device=dst.device)
-    for first, offset, length in _runs(src_ids):
-        staging[offset:offset + length].copy_(src[first:first + length], non_blocking=True)
-    dst.index_copy_(0, dst_ids.to(dst.device, non_blocking=True), staging)
+    runs = _runs(mapping[order, cpu_col])
+    if len(runs) > _MAX_DMA_RUNS and cpu.is_pinned():
+        copy_blocks_same_device(src, dst, mapping.to(gpu.device))  # zero-copy
+    elif cpu_col == 1:  # swap out: gather in HBM, then one DMA per run
+        staging = src.index_select(0, src_ids.to(gpu.device))  # (n, BS, H_kv, D)
+        for first, offset, length in runs:
+            dst[first:first + length].copy_(staging[offset:offset + length], non_blocking=True)
+    else:  # swap in: one DMA per run, then scatter in HBM
+        staging = torch.empty((len(src_ids), *src.shape[1:]), dtype=dst.dtype, device=gpu.device)
+        for first, offset, length in runs:
+            staging[offset:offset + length].copy_(src[first:first + length], non_blocking=True)
+        dst.index_copy_(0, dst_ids.to(gpu.device), staging)
 
 
 def copy_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tensor) -> None:
@@ -83,11 +92,14 @@ def copy_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tenso
     (GPU pool -> pinned CPU pool), swap in (back) and GPU-to-GPU block copies.
 
     * GPU -> same GPU: one Triton launch (:func:`copy_blocks_same_device`).
-    * GPU -> CPU (swap out): gather the blocks into a GPU staging tensor with one
-      ``index_select``, then one ``non_blocking`` DMA per run of consecutive
-      destination ids straight into ``dst``.
-    * CPU -> GPU (swap in): one ``non_blocking`` DMA per run of consecutive source
-      ids into a GPU staging tensor, then one ``index_copy_`` into ``dst``.
+    * GPU -> CPU (swap out), CPU ids in at most 8 runs of consecutive ids: gather
+      the blocks into a GPU staging tensor with one ``index_select``, then one
+      ``non_blocking`` DMA per run straight into ``dst``.
+    * CPU -> GPU (swap in), likewise: one ``non_blocking`` DMA per run into a GPU
+      staging tensor, then one ``index_copy_`` into ``dst``.
+    * Either direction with scattered CPU ids and a pinned CPU pool: one Triton
+      launch that reads/writes the pinned pages directly (zero-copy; it occupies
+      SMs while PCIe transfers, which the DMA path does not).
     * CPU -> CPU: plain indexing.
 
     All GPU work is queued on the current stream and nothing waits for it: the
@@ -119,9 +131,9 @@ def copy_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tenso
         else:
             dst[block_mapping[:, 1].long()] = src[block_mapping[:, 0].long()]
     elif src.is_cuda and dst.device.type == "cpu":
-        _swap_out(src, dst, block_mapping.cpu().long())
+        _swap(src, dst, block_mapping.cpu().long(), cpu_col=1)
     elif src.device.type == "cpu" and dst.is_cuda:
-        _swap_in(src, dst, block_mapping.cpu().long())
+        _swap(src, dst, block_mapping.cpu().long(), cpu_col=0)
     else:  # two GPUs: let the driver route it
         dst[block_mapping[:, 1].to(dst.device).long()] = \
             src[block_mapping[:, 0].to(src.device).long()].to(dst.device)

@@ -180,7 +180,7 @@ def paged_decode_attention(
     num_splits: int | None = None,
     block_n: int | None = None,
     num_warps: int = 4,
-    num_stages: int = 2,
+    num_stages: int = 3,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention of one new token per sequence against its paged context.

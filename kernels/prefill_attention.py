@@ -20,6 +20,45 @@ import triton.language as tl
 
 
 @triton.jit
+def _attend_tile(
+    acc, l_i, m_i,  # (BLOCK_M, BLOCK_D), (BLOCK_M,), (BLOCK_M,) fp32 running state
+    q, q_pos,  # (BLOCK_M, BLOCK_D), (BLOCK_M,)
+    pos, kv_end,  # (BLOCK_N,) KV positions of this tile; causal bound of the q tile
+    bt_row, k_cache_ptr, v_cache_ptr, kv_head, stride_cb, stride_cs, stride_ch,
+    offs_d, mask_d, scale_log2,
+    BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One online-softmax step over a KV tile gathered through the block table."""
+    mask_n = pos < kv_end
+    page = tl.load(bt_row + pos // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
+    kv_row = page * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+    kv_mask = mask_n[:, None] & mask_d[None, :]
+    k = tl.load(k_cache_ptr + kv_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    if UPCAST:  # interpreter: its tl.dot multiplies bf16 bit patterns as integers
+        k = k.to(tl.float32)
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) fp32
+    s = s * scale_log2
+    if MASKED:
+        s = tl.where((pos[None, :] <= q_pos[:, None]) & mask_n[None, :], s, float("-inf"))
+    # Position 0 is in the first tile and visible to every row: m_new is finite.
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_cache_ptr + kv_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    if UPCAST:
+        v = v.to(tl.float32)
+    if IEEE:
+        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)  # (BLOCK_M, BLOCK_D)
+    return acc * alpha[:, None] + pv, l_i, m_new
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr,  # (T, H, D)
     k_cache_ptr, v_cache_ptr,  # (num_blocks, block_size, H_kv, D)
@@ -54,7 +93,7 @@ def _prefill_kernel(
         ctx_len = seq_len - q_len  # cached tokens before the new ones
         offs_m = q_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) rows in the seq
         offs_d = tl.arange(0, BLOCK_D)
-        offs_n = tl.arange(0, BLOCK_N)
+        offs_n = tl.arange(0, BLOCK_N)  # (BLOCK_N,)
         mask_m = offs_m < q_len
         mask_d = offs_d < HEAD_DIM
         q_pos = ctx_len + offs_m  # (BLOCK_M,) absolute positions
@@ -69,35 +108,18 @@ def _prefill_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
         kv_end = tl.minimum(seq_len, ctx_len + (q_tile + 1) * BLOCK_M)  # causal bound
-        for n0 in range(0, kv_end, BLOCK_N):
-            pos = n0 + offs_n  # (BLOCK_N,)
-            mask_n = pos < kv_end
-            page = tl.load(bt_row + pos // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
-            kv_row = page * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-            kv_mask = mask_n[:, None] & mask_d[None, :]
-            k = tl.load(k_cache_ptr + kv_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) fp32
-            keep = (pos[None, :] <= q_pos[:, None]) & mask_n[None, :]
-            s = tl.where(keep, s * scale_log2, float("-inf"))
-            # Position 0 is in the first tile and visible to every row: m_new is finite.
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_cache_ptr + kv_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-            if UPCAST:
-                v = v.to(tl.float32)
-            if IEEE:
-                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)  # (BLOCK_M, BLOCK_D)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+        # Tiles wholly before the first query row need no mask (FlashAttention-2 sec. 3.1.1).
+        full_end = (ctx_len + q_tile * BLOCK_M) // BLOCK_N * BLOCK_N
+        for n0 in range(0, full_end, BLOCK_N):
+            acc, l_i, m_i = _attend_tile(
+                acc, l_i, m_i, q, q_pos, n0 + offs_n, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
+                kv_head, stride_cb, stride_cs, stride_ch, offs_d, mask_d, scale_log2,
+                BLOCK_SIZE, False, IEEE, UPCAST)
+        for n0 in range(full_end, kv_end, BLOCK_N):
+            acc, l_i, m_i = _attend_tile(
+                acc, l_i, m_i, q, q_pos, n0 + offs_n, kv_end, bt_row, k_cache_ptr, v_cache_ptr,
+                kv_head, stride_cb, stride_cs, stride_ch, offs_d, mask_d, scale_log2,
+                BLOCK_SIZE, True, IEEE, UPCAST)
         out = acc / l_i[:, None]
         tl.store(out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])

@@ -44,13 +44,17 @@ def test_copy_blocks_same_device_and_empty_mapping(kv):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="swap to pinned memory needs CUDA")
 @pytest.mark.parametrize("direction", ["out", "in"])
-@pytest.mark.parametrize("contiguous_cpu_ids", [True, False])
-def test_swap_between_gpu_and_pinned_cpu(kv, direction, contiguous_cpu_ids):
+@pytest.mark.parametrize("cpu_ids", ["one run (DMA)", "few runs (DMA)", "scattered (zero-copy)"])
+def test_swap_between_gpu_and_pinned_cpu(kv, direction, cpu_ids):
     gpu_dev, cpu_dev = "cuda", "cpu"
-    n_gpu, n_cpu, pairs = 20, 30, 9
+    n_gpu, n_cpu, pairs = 20, 40, 18
     mapping = _mapping(kv, n_gpu, n_cpu, pairs)
-    if contiguous_cpu_ids:
+    if cpu_ids == "one run (DMA)":
         mapping[:, 1] = torch.arange(4, 4 + pairs)
+    elif cpu_ids == "few runs (DMA)":
+        mapping[:, 1] = torch.cat([torch.arange(0, 9), torch.arange(20, 29)])
+    else:  # every id its own run: more runs than the DMA path takes
+        mapping[:, 1] = 2 * torch.randperm(n_cpu // 2, generator=kv.gen)[:pairs]
     if direction == "in":
         mapping = mapping.flip(1)
         src, dst = _pools(kv, n_cpu, n_gpu, torch.bfloat16, cpu_dev, gpu_dev)
