@@ -166,9 +166,10 @@ def test_missing_path_raises(tmp_path: Path, rel: str) -> None:
     assert str(tmp_path) in str(info.value)
 
 
-def test_truncated_gguf_raises(stories_path: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("keep", [5_000, 600_000, -100], ids=["in-metadata", "in-tensors", "last-bytes"])
+def test_truncated_gguf_raises(stories_path: Path, tmp_path: Path, keep: int) -> None:
     bad = tmp_path / "truncated.gguf"
-    bad.write_bytes(stories_path.read_bytes()[:5000])
+    bad.write_bytes(stories_path.read_bytes()[:keep])
     with pytest.raises(ModelLoadError, match="corrupt") as info:
         load_model(str(bad), cache_dir=tmp_path / "cache")
     assert str(bad) in str(info.value)
@@ -226,14 +227,20 @@ def test_smollm2_state_dict_equals_transformers_gguf_loader(smollm2_model: Loade
         assert torch.equal(t, ref[name]), name
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("text", ["Hello, world! How are you?", "I love 🦀 and 😀🎉", "中文分词测试，日本語も。", " leading  spaces\n\tx"])
-def test_smollm2_tokenizer_matches_transformers_gguf_tokenizer(smollm2_model: LoadedModel, smollm2_gguf: Path, text: str) -> None:
+@pytest.fixture(scope="module")
+def smollm2_reference_tokenizer(smollm2_gguf: Path):
     from transformers import AutoTokenizer
 
-    ref = AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+    return AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", ["Hello, world! How are you?", "I love 🦀 and 😀🎉", "中文分词测试，日本語も。", " leading  spaces\n\tx"])
+def test_smollm2_tokenizer_matches_transformers_gguf_tokenizer(
+    smollm2_model: LoadedModel, smollm2_reference_tokenizer, text: str
+) -> None:
     ids = smollm2_model.tokenizer.encode(text)
-    assert ids == ref.encode(text)
+    assert ids == smollm2_reference_tokenizer.encode(text)
     assert smollm2_model.tokenizer.decode(ids) == text
 
 
