@@ -24,8 +24,13 @@ def load_engine(model: str, **engine_kwargs) -> LLMEngine:
     """
     from engine.loader import load_model
 
-    config = EngineConfig(**engine_kwargs)
-    loaded = load_model(model)
+    config = EngineConfig(**engine_kwargs)  # validate options before the slow load
+    return engine_from_loaded(load_model(model), config)
+
+
+def engine_from_loaded(loaded, config: EngineConfig | None = None, **engine_kwargs) -> LLMEngine:
+    """An engine over an already loaded ``engine.loader.LoadedModel``."""
+    config = config or EngineConfig(**engine_kwargs)
     return LLMEngine(
         loaded.config,
         loaded.state_dict,
