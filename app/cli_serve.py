@@ -67,6 +67,8 @@ def serve(args: argparse.Namespace) -> int:
             print(f"\nchatgate: serving {settings.model} at {base}  (new keys: chatgate keys create TENANT)\n",
                   flush=True)  # fmt: skip
 
+    print(f"chatgate: loading {settings.model} on {settings.device} (the first start converts the model files)…",
+          flush=True)  # fmt: skip
     uvicorn.run(
         create_app(settings, on_ready=announce),
         host=settings.host,
