@@ -1,12 +1,12 @@
 """Batched block copies for KV swap out / swap in and for copy-on-write.
 
 Choice (documented in :func:`copy_blocks`, measured in BENCHMARKS.md): inside one
-GPU a single Triton launch copies every block. Across GPU and CPU memory, when
-the CPU side's block ids form a few runs of consecutive ids, the GPU side is
-gathered (swap out) or scattered (swap in) with one ``index_select`` /
-``index_copy_`` in HBM and each run crosses PCIe as one ``non_blocking`` DMA on
-the copy engines (no SM time). When the CPU ids are scattered and the CPU pool
-is pinned, the same Triton kernel reads or writes the pinned pages directly
+GPU a single Triton launch copies every block. For swap out whose CPU block ids
+form a few runs of consecutive ids, the GPU side is gathered with one
+``index_select`` in HBM and each run crosses PCIe as one ``non_blocking`` DMA on
+the copy engines (no SM time). Otherwise (scattered CPU ids; and swap in, where
+it measured faster) with a pinned CPU pool the same Triton kernel reads or
+writes the pinned pages directly
 (zero-copy through unified addressing): one launch at about the pinned-copy
 bandwidth, where one DMA per block, as in vLLM's ``swap_blocks``, pays a few
 microseconds for every 32 KiB block (5% of the bandwidth on an H200).
@@ -72,7 +72,9 @@ def _swap(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor, cpu_col: 
     order = torch.argsort(mapping[:, cpu_col])
     src_ids, dst_ids = mapping[order, 0], mapping[order, 1]  # sorted by CPU block
     runs = _runs(mapping[order, cpu_col])
-    if len(runs) > _MAX_DMA_RUNS and cpu.is_pinned():
+    # Swap in: zero-copy measured 89% of the pinned copy against 65-68% for the
+    # DMA + index_copy_ path even with one run (BENCHMARKS.md), so it always wins.
+    if cpu.is_pinned() and (cpu_col == 0 or len(runs) > _MAX_DMA_RUNS):
         copy_blocks_same_device(src, dst, mapping.to(gpu.device))  # zero-copy
     elif cpu_col == 1:  # swap out: gather in HBM, then one DMA per run
         staging = src.index_select(0, src_ids.to(gpu.device))  # (n, BS, H_kv, D)
@@ -94,12 +96,12 @@ def copy_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tenso
     * GPU -> same GPU: one Triton launch (:func:`copy_blocks_same_device`).
     * GPU -> CPU (swap out), CPU ids in at most 8 runs of consecutive ids: gather
       the blocks into a GPU staging tensor with one ``index_select``, then one
-      ``non_blocking`` DMA per run straight into ``dst``.
-    * CPU -> GPU (swap in), likewise: one ``non_blocking`` DMA per run into a GPU
-      staging tensor, then one ``index_copy_`` into ``dst``.
-    * Either direction with scattered CPU ids and a pinned CPU pool: one Triton
-      launch that reads/writes the pinned pages directly (zero-copy; it occupies
-      SMs while PCIe transfers, which the DMA path does not).
+      ``non_blocking`` DMA per run straight into ``dst`` (copy engines, no SMs).
+    * Swap out with scattered CPU ids, and every swap in, with a pinned CPU pool:
+      one Triton launch that reads/writes the pinned pages directly (zero-copy;
+      it occupies SMs while PCIe transfers, which the DMA path does not).
+    * Unpinned CPU pool: one (in effect synchronous) copy per run of consecutive
+      CPU ids through a GPU staging tensor and ``index_select``/``index_copy_``.
     * CPU -> CPU: plain indexing.
 
     All GPU work is queued on the current stream and nothing waits for it: the
