@@ -268,7 +268,15 @@ class ChatSession:
         prompt_ids, params = self._prepare(msg)
         request_id = f"ws{self._sid}-{next(self._request_ids)}"
         task = asyncio.create_task(self._run_chat(msg.id, request_id, prompt_ids, params, PRIORITY_LEVELS[priority]))
+        task.add_done_callback(lambda t: self._on_chat_task_done(msg.id, t, len(prompt_ids)))
         self._chats[msg.id] = task
+
+    def _on_chat_task_done(self, chat_id: str, task: asyncio.Task, prompt_tokens: int) -> None:
+        # A task cancelled before its first step never ran _run_chat (nothing reached the
+        # engine): free its id and still answer with a chat.done, as for any cancel.
+        if self._chats.get(chat_id) is task:
+            del self._chats[chat_id]
+            self._emit(_done_event(chat_id, prompt_tokens, None, "abort"))
 
     def _prepare(self, msg: ChatCreate) -> tuple[list[int], SamplingParams]:
         """Tokenize the conversation and build sampling params; errors name the problem."""
@@ -277,6 +285,8 @@ class ChatSession:
             prompt_ids = self._llm.apply_chat_template(messages)
         except InvalidRequestError as exc:
             raise ProtocolError(getattr(exc, "code", "invalid_request"), str(exc), msg.id) from None
+        except Exception as exc:  # noqa: BLE001 - e.g. a chat template that rejects the role order
+            raise ProtocolError("invalid_message", f"the chat template refused the messages: {exc}", msg.id) from None
         room = self._llm.max_model_len - len(prompt_ids)
         if room < 1:
             raise ProtocolError(

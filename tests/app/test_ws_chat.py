@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 from engine import SamplingParams
@@ -151,3 +152,21 @@ def test_chat_page_is_served_with_a_content_security_policy(gateway: GatewayServ
     assert page.status_code == 200 and "app.js" in page.text
     assert "default-src 'self'" in page.headers["content-security-policy"]
     assert httpx.get(f"{gateway.base}/vendor/marked.umd.js", timeout=5).status_code == 200
+
+
+def test_cancel_sent_right_after_create_still_ends_the_chat(gateway: GatewayServer):
+    async def main():
+        client = await ChatClient.connect(gateway, gateway.keys["alpha"])
+        create = {"type": "chat.create", "id": "z", "messages": _messages("Once"), "params": {"max_tokens": 200}}
+        await client.send(json.dumps(create))
+        await client.send({"type": "chat.cancel", "id": "z"})
+        _, done = await client.collect("z")
+        _, again = await client.chat("z", _messages("Tom"), temperature=0, max_tokens=3)
+        await client.close()
+        return done, again
+
+    done, again = asyncio.run(main())
+    assert done["type"] == "chat.done" and done["finish_reason"] == "abort"
+    assert again["type"] == "chat.done" and again["usage"]["completion_tokens"] == 3
+    engine = _wait_idle(gateway, 1.0)["engine"]
+    assert engine["running"] == 0 and engine["free_kv_blocks"] == engine["total_kv_blocks"]
