@@ -251,6 +251,7 @@ def bench_swap(bw) -> list[dict]:
         in_map = out_map.flip(1).contiguous()
         for path, max_runs in (("auto", default_runs), ("DMA runs", 10**9), ("zero-copy", 0)):
             kcb._MAX_DMA_RUNS = max_runs
+            kcb._ZERO_COPY_SWAP_IN = path != "DMA runs"
             # correctness of this path, then time
             cpu[cpu_ids] = float("nan")
             copy_blocks(gpu, cpu, out_map)
@@ -262,6 +263,7 @@ def bench_swap(bw) -> list[dict]:
                 rows.append({"case": f"swap {d}, {layout}, {path}", "ms": t, "bytes": nbytes,
                              "ok": ok, "frac_pinned_bw": nbytes / (t * 1e-3) / bw[key]})
     kcb._MAX_DMA_RUNS = default_runs
+    kcb._ZERO_COPY_SWAP_IN = True
     return rows
 
 

@@ -64,6 +64,9 @@ def _runs(ids: torch.Tensor) -> list[tuple[int, int, int]]:
 
 # More DMA runs than this and one zero-copy launch wins (each DMA costs ~10 us).
 _MAX_DMA_RUNS = 8
+# Swap in: zero-copy measured 89% of the pinned copy against 65-68% for the
+# DMA + index_copy_ path even with one run (BENCHMARKS.md).
+_ZERO_COPY_SWAP_IN = True
 
 
 def _swap(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor, cpu_col: int) -> None:
@@ -72,9 +75,8 @@ def _swap(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor, cpu_col: 
     order = torch.argsort(mapping[:, cpu_col])
     src_ids, dst_ids = mapping[order, 0], mapping[order, 1]  # sorted by CPU block
     runs = _runs(mapping[order, cpu_col])
-    # Swap in: zero-copy measured 89% of the pinned copy against 65-68% for the
-    # DMA + index_copy_ path even with one run (BENCHMARKS.md), so it always wins.
-    if cpu.is_pinned() and (cpu_col == 0 or len(runs) > _MAX_DMA_RUNS):
+    zero_copy_in = cpu_col == 0 and _ZERO_COPY_SWAP_IN
+    if cpu.is_pinned() and (zero_copy_in or len(runs) > _MAX_DMA_RUNS):
         copy_blocks_same_device(src, dst, mapping.to(gpu.device))  # zero-copy
     elif cpu_col == 1:  # swap out: gather in HBM, then one DMA per run
         staging = src.index_select(0, src_ids.to(gpu.device))  # (n, BS, H_kv, D)
