@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import DEVICE
+from tests.kernels.helpers import DEVICE
 from kernels.copy_blocks import copy_blocks, copy_blocks_same_device
 from kernels.reference import copy_blocks_ref
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import DEVICE, rel_err, tolerance
+from tests.kernels.helpers import DEVICE, rel_err, tolerance
 from kernels.decode_attention import default_num_splits, paged_decode_attention
 from kernels.reference import paged_attention_ref, paged_decode_attention_ref
 

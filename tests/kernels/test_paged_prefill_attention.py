@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import DEVICE, rel_err, tolerance
+from tests.kernels.helpers import DEVICE, rel_err, tolerance
 from kernels.prefill_attention import paged_prefill_attention
 from kernels.reference import paged_attention_ref
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import DEVICE
+from tests.kernels.helpers import DEVICE
 from kernels.reference import store_kvcache_ref
 from kernels.store_kv import store_kvcache
 

@@ -1,0 +1,1 @@
+"""Triton kernels against their plain-PyTorch references."""
