@@ -25,7 +25,7 @@ from engine.policy import make_policy
 from engine.request import Request, RequestStatus
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler import PreemptionCostModel, Scheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,12 @@ class EngineConfig:
         attention_backend: ``auto``, ``reference`` or ``triton``.
         scheduling_policy: see ``engine.policy.POLICIES``.
         enable_chunked_prefill: split long prompts across steps.
+        enable_prefix_caching: reuse computed KV blocks across requests.
+        shared_prefix_cache: one cache namespace for all tenants (by default the
+            salt is the tenant, so tenants never share KV: a shared cache leaks
+            prompts through time to first token).
+        swap_space_gb: CPU swap pool for preempted requests' blocks (pinned on GPU).
+        preemption_mode: ``swap``, ``recompute`` or ``auto`` (cost model per victim).
     """
 
     block_size: int = 16
@@ -67,6 +73,10 @@ class EngineConfig:
     attention_backend: str = "auto"
     scheduling_policy: str = "fcfs"
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    shared_prefix_cache: bool = False
+    swap_space_gb: float = 1.0
+    preemption_mode: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -122,14 +132,21 @@ class LLMEngine:
         model.load_hf_state_dict(state_dict)
         model = model.to(device=self.device, dtype=config.torch_dtype).eval()
         num_blocks = config.num_gpu_blocks or self._auto_num_blocks(model_config)
-        self.block_manager = BlockManager(num_blocks, config.block_size)
+        block_bytes = kv_bytes_per_block(model_config, config.block_size, config.torch_dtype)
+        num_cpu_blocks = int(config.swap_space_gb * (1 << 30) // block_bytes)
+        self.block_manager = BlockManager(num_blocks, config.block_size, num_cpu_blocks, config.enable_prefix_caching)
+        self.cost_model = PreemptionCostModel(bytes_per_block=block_bytes)
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill),
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
+                            config.preemption_mode),
             self.block_manager,
             make_policy(config.scheduling_policy),
+            self.cost_model,
         )
         backend = make_attention_backend(config.attention_backend, self.device)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, backend)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, backend, num_cpu_blocks)
+        if num_cpu_blocks:
+            self.cost_model.copy_bandwidth = self._measure_copy_bandwidth()
         generator = torch.Generator().manual_seed(config.seed)
         self.sampler = Sampler(generator)
         self.requests: dict[str, Request] = {}
@@ -144,6 +161,19 @@ class LLMEngine:
         else:
             budget = self.config.kv_cache_memory_gb * (1 << 30)
         return max(1, int(budget // per_block))
+
+    def _measure_copy_bandwidth(self) -> float:
+        """Bytes/s of a batched swap-out copy of a few blocks (both K and V, all layers)."""
+        n = min(8, self.block_manager.num_blocks, self.block_manager.cpu.num_blocks)
+        mapping = [(i, i) for i in range(n)]
+        self.runner.swap(mapping, [])  # warm-up
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        self.runner.swap(mapping, [])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return n * self.cost_model.bytes_per_block / max(time.perf_counter() - t0, 1e-9)
 
     # -- requests -------------------------------------------------------------
     def add_request(
@@ -171,7 +201,7 @@ class LLMEngine:
             sampling_params=params,
             tenant_id=tenant_id,
             priority=priority,
-            cache_salt=cache_salt if cache_salt is not None else tenant_id,
+            cache_salt=self._salt(tenant_id, cache_salt),
             eos_token_ids=self.eos_token_ids,
             max_model_len=self.max_model_len,
             **({"arrival_time": arrival_time} if arrival_time is not None else {}),
@@ -181,6 +211,11 @@ class LLMEngine:
             self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.stop)
         self.scheduler.add_request(request)
         return request
+
+    def _salt(self, tenant_id: str | None, cache_salt: str | None) -> str | None:
+        if cache_salt is not None:
+            return cache_salt
+        return None if self.config.shared_prefix_cache else tenant_id
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Check a request without queueing it.
@@ -232,9 +267,14 @@ class LLMEngine:
             return []
         sampling = [p.request for p in plan.scheduled if p.samples]
         try:
+            self.runner.swap(plan.blocks_to_swap_out, plan.blocks_to_swap_in)
+            if not plan.scheduled:
+                return []
+            t0 = time.perf_counter()
             logits = self.runner.execute(plan.scheduled)
             self.scheduler.update_after_step(plan)
             sampled = self.sampler(logits, sampling)
+            self._observe_step(plan.num_batched_tokens, time.perf_counter() - t0)
         except Exception as exc:  # a failed step fails its requests, not the engine
             logger.exception("engine step failed")
             outputs = []
@@ -247,6 +287,12 @@ class LLMEngine:
         for request, token_id, logprob in zip(sampling, sampled.token_ids, sampled.logprobs):
             outputs.append(self._advance(request, token_id, logprob, now))
         return outputs
+
+    def _observe_step(self, num_tokens: int, seconds: float) -> None:
+        """Keep the cost model's prefill rate (tokens/s) measured on prefill-sized steps."""
+        if num_tokens >= 64:
+            rate = num_tokens / max(seconds, 1e-9)
+            self.cost_model.prefill_rate = 0.8 * self.cost_model.prefill_rate + 0.2 * rate
 
     def _advance(self, request: Request, token_id: int, logprob, now: float) -> RequestOutput:
         request.append_output_token(token_id)
@@ -300,13 +346,19 @@ class LLMEngine:
     # -- introspection -------------------------------------------------------------
     def stats(self) -> dict:
         """Queue lengths and KV pool use (counts of requests and blocks)."""
-        s = self.scheduler
+        s, bm = self.scheduler, self.block_manager
         return {
             "model": self.model_name,
             "num_running": len(s.running),
             "num_waiting": len(s.waiting),
-            "num_swapped": 0,
+            "num_swapped": len(s.swapped),
             "num_preemptions": s.num_preemptions,
-            "free_gpu_blocks": self.block_manager.num_free_blocks,
-            "total_gpu_blocks": self.block_manager.num_blocks,
+            "num_swapped_out_blocks": bm.num_swapped_out_blocks,
+            "num_swapped_in_blocks": bm.num_swapped_in_blocks,
+            "prefix_cache_queried_tokens": bm.prefix_cache_queried_tokens,
+            "prefix_cache_hit_tokens": bm.prefix_cache_hit_tokens,
+            "free_gpu_blocks": bm.num_free_blocks,
+            "total_gpu_blocks": bm.num_blocks,
+            "free_cpu_blocks": bm.num_free_cpu_blocks,
+            "total_cpu_blocks": bm.cpu.num_blocks,
         }

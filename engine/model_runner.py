@@ -16,6 +16,16 @@ from engine.models.llama import LlamaForCausalLM
 from engine.scheduler import ScheduledRequest
 
 
+def _copy_blocks_fn(device: torch.device):
+    if device.type == "cuda":
+        from kernels.copy_blocks import copy_blocks
+
+        return copy_blocks
+    from kernels.reference import copy_blocks_ref
+
+    return copy_blocks_ref
+
+
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one block takes across all layers, K and V."""
     elem = torch.empty((), dtype=dtype).element_size()
@@ -39,6 +49,7 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         backend: AttentionBackend,
+        num_cpu_blocks: int = 0,
     ) -> None:
         self.model = model
         self.config = model.config
@@ -52,6 +63,28 @@ class ModelRunner:
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(self.config.num_hidden_layers)
         ]
+        # The swap pool, pinned when the device is a GPU so copies run on the DMA engines.
+        pin = device.type == "cuda"
+        self.cpu_kv_caches = [
+            (torch.zeros((num_cpu_blocks, *shape[1:]), dtype=dtype, pin_memory=pin),
+             torch.zeros((num_cpu_blocks, *shape[1:]), dtype=dtype, pin_memory=pin))
+            for _ in range(self.config.num_hidden_layers)
+        ]
+        self._copy_blocks = _copy_blocks_fn(device)
+
+    def swap(self, blocks_to_swap_out: list[tuple[int, int]], blocks_to_swap_in: list[tuple[int, int]]) -> None:
+        """Copy blocks GPU -> CPU pool, then CPU pool -> GPU; one batched copy per layer and direction."""
+        for mapping, out in ((blocks_to_swap_out, True), (blocks_to_swap_in, False)):
+            if not mapping:
+                continue
+            m = torch.tensor(mapping, dtype=torch.int64)
+            for (gk, gv), (ck, cv) in zip(self.kv_caches, self.cpu_kv_caches):
+                if out:
+                    self._copy_blocks(gk, ck, m)
+                    self._copy_blocks(gv, cv, m)
+                else:
+                    self._copy_blocks(ck, gk, m)
+                    self._copy_blocks(cv, gv, m)
 
     def prepare(self, plans: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
         """Build the step's inputs.

@@ -64,6 +64,10 @@ class Request:
     token_ids: list[int] = field(init=False)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    # CPU swap-pool blocks while SWAPPED (same order as block_table had).
+    cpu_block_table: list[int] = field(default_factory=list)
+    # Prefix-cache keys of the leading full, computed blocks of block_table.
+    block_hashes: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     stop_reason: int | str | None = None
     first_token_time: float | None = None

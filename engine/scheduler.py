@@ -3,11 +3,13 @@
 The step follows vLLM v1's unified view (no separate prefill and decode phases):
 every request has ``num_computed_tokens`` and ``num_tokens``; a step gives each
 scheduled request ``num_new_tokens`` of its uncomputed tokens under a token budget
-(``max_num_batched_tokens``) and a sequence limit (``max_num_seqs``). Running
-requests go first (decodes and unfinished prefill chunks), then waiting ones in
-the policy's order. A long prompt is split across steps (chunked prefill, as in
-Agrawal et al., "Sarathi-Serve", OSDI 2024) so that running decodes keep flowing.
-When blocks run out, the policy's victim is preempted and recomputed later.
+(``max_num_batched_tokens``) and a sequence limit (``max_num_seqs``). Order of
+service: running requests (decodes and unfinished prefill chunks), then swapped
+requests coming back, then waiting ones in the policy's order, each starting from
+its longest prefix-cache hit. A long prompt is split across steps (chunked
+prefill, as in Agrawal et al., "Sarathi-Serve", OSDI 2024) so running decodes keep
+flowing. When blocks run out, the policy's victim is preempted: swapped to the
+CPU pool or freed for recompute (vLLM's two modes), per ``preemption_mode``.
 """
 
 from __future__ import annotations
@@ -19,18 +21,46 @@ from engine.block_manager import BlockManager
 from engine.policy import SchedulingPolicy
 from engine.request import Request, RequestStatus
 
+PREEMPTION_MODES = ("swap", "recompute", "auto")
+# A waiting request that does not fit may be overtaken by smaller ones behind it,
+# but only this many steps in a row; then nothing behind it is admitted until it fits.
+HEAD_OF_LINE_SKIP_LIMIT = 64
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
+    preemption_mode: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+
+
+@dataclass
+class PreemptionCostModel:
+    """Chooses swap or recompute for a victim in ``auto`` mode.
+
+    Swap costs moving the blocks out and back: ``2 * blocks * bytes_per_block /
+    copy_bandwidth`` seconds. Recompute costs prefilling the computed tokens
+    again: ``tokens / prefill_rate`` seconds. The engine keeps both rates
+    measured (bytes/s, tokens/s).
+    """
+
+    bytes_per_block: int = 1
+    copy_bandwidth: float = 1e10
+    prefill_rate: float = 1e4
+
+    def prefer_swap(self, num_blocks: int, num_tokens: int) -> bool:
+        swap_s = 2 * num_blocks * self.bytes_per_block / self.copy_bandwidth
+        recompute_s = num_tokens / self.prefill_rate
+        return swap_s < recompute_s
 
 
 @dataclass
@@ -47,10 +77,16 @@ class ScheduledRequest:
 
 @dataclass
 class SchedulerOutput:
-    """The plan for one step; plain data, no tensors."""
+    """The plan for one step; plain data, no tensors.
+
+    The runner performs ``blocks_to_swap_out`` (gpu -> cpu) first, then
+    ``blocks_to_swap_in`` (cpu -> gpu), then the model step.
+    """
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -58,19 +94,28 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        return not self.scheduled and not self.blocks_to_swap_out and not self.blocks_to_swap_in
 
 
 class Scheduler:
-    """Owns the waiting and running queues and the block manager's use."""
+    """Owns the waiting, running and swapped queues and the block manager's use."""
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, policy: SchedulingPolicy) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        policy: SchedulingPolicy,
+        cost_model: PreemptionCostModel | None = None,
+    ) -> None:
         self.config = config
         self.block_manager = block_manager
         self.policy = policy
+        self.cost_model = cost_model or PreemptionCostModel()
         self.waiting: list[Request] = []
         self.running: list[Request] = []
+        self.swapped: list[Request] = []
         self.num_preemptions = 0
+        self._skips: dict[int, int] = {}  # id(request) -> steps overtaken in a row
 
     # -- queue management -------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -78,14 +123,15 @@ class Scheduler:
         self.waiting.append(request)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     def finish_request(self, request: Request, status: RequestStatus) -> None:
         """Remove ``request`` from its queue, free its blocks and mark it finished."""
-        if request in self.running:
-            self.running.remove(request)
-        elif request in self.waiting:
-            self.waiting.remove(request)
+        for queue in (self.running, self.waiting, self.swapped):
+            if request in queue:
+                queue.remove(request)
+                break
+        self._skips.pop(id(request), None)
         self.block_manager.free(request)
         request.status = status
         request.finished_time = time.monotonic()
@@ -104,34 +150,64 @@ class Scheduler:
             n = min(request.num_tokens - request.num_computed_tokens, budget)
             ok, returned = self._allocate_or_preempt(request, n, scheduled, out)
             budget += returned
-            if not ok:
-                continue
-            scheduled[id(request)] = ScheduledRequest(request, n)
-            budget -= n
-
-        # New admissions only when nothing had to be preempted this step: a
-        # preemption means the pool is full, and admitting would thrash.
-        if not out.preempted:
-            now = time.monotonic()
-            for request in self.policy.admission_order(self.waiting, now):
-                if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
-                    break
-                remaining = request.num_tokens - request.num_computed_tokens
-                n = min(remaining, budget)
-                if n < remaining and not self.config.enable_chunked_prefill:
-                    break
-                if not self.block_manager.allocate_slots(request, n):
-                    break  # keep the policy's order: no request overtakes the head
-                self.waiting.remove(request)
-                self.running.append(request)
-                request.status = RequestStatus.RUNNING
+            if ok:
                 scheduled[id(request)] = ScheduledRequest(request, n)
                 budget -= n
+
+        # A preemption means the pool is full: bringing anything in would thrash.
+        if not out.preempted:
+            budget = self._resume_swapped(budget, scheduled, out)
+        if not out.preempted and not self.swapped:  # swapped requests resume before new ones
+            self._admit_waiting(budget, scheduled)
 
         for plan in scheduled.values():
             self.policy.on_scheduled(plan.request, plan.num_new_tokens)
         out.scheduled = list(scheduled.values())
         return out
+
+    def _resume_swapped(self, budget: int, scheduled: dict, out: SchedulerOutput) -> int:
+        bm = self.block_manager
+        now = time.monotonic()
+        for request in self.policy.admission_order(self.swapped, now):
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not bm.can_swap_in(request, n):
+                break
+            out.blocks_to_swap_in.extend(bm.swap_in(request))
+            assert bm.allocate_slots(request, n)
+            self.swapped.remove(request)
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            scheduled[id(request)] = ScheduledRequest(request, n)
+            budget -= n
+        return budget
+
+    def _admit_waiting(self, budget: int, scheduled: dict) -> None:
+        bm = self.block_manager
+        now = time.monotonic()
+        for request in self.policy.admission_order(self.waiting, now):
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            hit = bm.match_prefix(request)
+            remaining = request.num_tokens - request.num_computed_tokens
+            n = min(remaining, budget)
+            fits = (n == remaining or self.config.enable_chunked_prefill) and bm.allocate_slots(request, n)
+            if not fits:
+                bm.free(request)  # undo the prefix match; the hit blocks stay cached
+                request.num_computed_tokens = 0
+                skips = self._skips.get(id(request), 0) + 1
+                self._skips[id(request)] = skips
+                if skips > HEAD_OF_LINE_SKIP_LIMIT:
+                    break  # it has waited long enough: nothing more overtakes it
+                continue
+            bm.record_prefix_query(request.num_tokens, hit)
+            self._skips.pop(id(request), None)
+            self.waiting.remove(request)
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            scheduled[id(request)] = ScheduledRequest(request, n)
+            budget -= n
 
     def _allocate_or_preempt(
         self,
@@ -160,17 +236,32 @@ class Scheduler:
         return True, returned
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
-        """Preempt by recompute: free the blocks, keep the tokens, wait again in arrival order."""
+        """Swap the victim out or free it for recompute; it keeps its tokens and its place in line."""
+        bm = self.block_manager
         self.running.remove(request)
-        self.block_manager.free(request)
-        request.num_computed_tokens = 0
         request.num_preemptions += 1
-        request.status = RequestStatus.PREEMPTED
-        self.waiting.append(request)
         self.num_preemptions += 1
         out.preempted.append(request)
+        if self._should_swap(request):
+            out.blocks_to_swap_out.extend(bm.swap_out(request))
+            request.status = RequestStatus.SWAPPED
+            self.swapped.append(request)
+        else:
+            bm.free(request)
+            request.num_computed_tokens = 0
+            request.status = RequestStatus.PREEMPTED
+            self.waiting.append(request)
+
+    def _should_swap(self, request: Request) -> bool:
+        mode = self.config.preemption_mode
+        if mode == "recompute" or not self.block_manager.can_swap_out(request):
+            return False  # recompute is also the fallback when the CPU pool is full
+        if mode == "swap":
+            return True
+        return self.cost_model.prefer_swap(len(request.block_table), request.num_computed_tokens)
 
     def update_after_step(self, output: SchedulerOutput) -> None:
-        """Advance the computed-token counters of the requests that ran."""
+        """Advance the computed-token counters of the requests that ran, and cache their full blocks."""
         for plan in output.scheduled:
             plan.request.num_computed_tokens += plan.num_new_tokens
+            self.block_manager.cache_computed_blocks(plan.request)

@@ -1,11 +1,12 @@
-"""Property test: random add / step / finish / abort sequences never leak KV blocks."""
+"""Property test: random arrivals, steps, aborts, preemptions (swap and recompute) and
+finishes, with the prefix cache on, never leak a KV block on the GPU or CPU pool."""
 
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, block_key
 from engine.policy import FCFSPolicy
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
@@ -13,9 +14,10 @@ from engine.scheduler import Scheduler, SchedulerConfig
 
 ops = st.lists(
     st.one_of(
-        st.tuples(st.just("add"), st.integers(1, 40), st.integers(1, 12)),
-        st.tuples(st.just("step"), st.integers(0, 3), st.integers(0, 0)),
-        st.tuples(st.just("abort"), st.integers(0, 50), st.integers(0, 0)),
+        # (op, prompt length, max_tokens, prompt family): families share prefixes
+        st.tuples(st.just("add"), st.integers(1, 40), st.integers(1, 12), st.integers(0, 2)),
+        st.tuples(st.just("step"), st.integers(0, 3), st.just(0), st.just(0)),
+        st.tuples(st.just("abort"), st.integers(0, 50), st.just(0), st.just(0)),
     ),
     min_size=1,
     max_size=60,
@@ -23,29 +25,47 @@ ops = st.lists(
 
 
 def _check_invariants(bm: BlockManager, live: list[Request]) -> None:
-    refs = [0] * bm.num_blocks
+    gpu_refs = [0] * bm.gpu.num_blocks
+    cpu_refs = [0] * bm.cpu.num_blocks
     for r in live:
         for b in r.block_table:
-            refs[b] += 1
-        assert len(r.block_table) * bm.block_size >= r.num_computed_tokens
-    assert refs == [b.ref_count for b in bm.blocks]
-    assert sorted(bm.free_block_ids) == [i for i, n in enumerate(refs) if n == 0]
+            gpu_refs[b] += 1
+        for b in r.cpu_block_table:
+            cpu_refs[b] += 1
+        assert not (r.block_table and r.cpu_block_table)
+        if r.status == RequestStatus.RUNNING:
+            assert len(r.block_table) * bm.block_size >= r.num_computed_tokens
+    for pool, refs in ((bm.gpu, gpu_refs), (bm.cpu, cpu_refs)):
+        assert refs == [b.ref_count for b in pool.blocks]
+        assert sorted(pool.free_queue) == [i for i, n in enumerate(refs) if n == 0]
+    _check_cache(bm)
+
+
+def _check_cache(bm: BlockManager) -> None:
+    """Every cached block's key is the hash of its parent key, its tokens and a salt."""
+    for key, block_id in bm.gpu.cached.items():
+        block = bm.gpu.blocks[block_id]
+        assert block.block_hash == key
+        assert len(block.token_ids) == bm.block_size
+        assert key == block_key(block.parent_hash, block.token_ids, None)  # salt: tenant None here
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=ops, num_blocks=st.integers(3, 24), block_size=st.sampled_from([1, 2, 4, 16]),
-       budget=st.integers(1, 64), max_seqs=st.integers(1, 6))
-def test_random_operations_leave_every_block_free(ops, num_blocks, block_size, budget, max_seqs):
-    bm = BlockManager(num_blocks, block_size)
-    sched = Scheduler(SchedulerConfig(max_seqs, budget), bm, FCFSPolicy())
+@given(ops=ops, num_blocks=st.integers(3, 24), num_cpu_blocks=st.integers(0, 12),
+       block_size=st.sampled_from([1, 2, 4, 16]), budget=st.integers(1, 64), max_seqs=st.integers(1, 6),
+       mode=st.sampled_from(["swap", "recompute", "auto"]))
+def test_random_operations_leave_every_block_free(ops, num_blocks, num_cpu_blocks, block_size, budget, max_seqs, mode):
+    bm = BlockManager(num_blocks, block_size, num_cpu_blocks, enable_prefix_caching=True)
+    sched = Scheduler(SchedulerConfig(max_seqs, budget, preemption_mode=mode), bm, FCFSPolicy())
     live: dict[str, Request] = {}
     next_id = 0
-    for op, a, b in ops:
+    for op, a, b, family in ops:
         if op == "add":
             # Only requests that fit the pool alone are admitted (the engine refuses the rest).
             if bm.blocks_needed(a + b) > num_blocks:
                 continue
-            r = Request(str(next_id), list(range(a)), SamplingParams(max_tokens=b, ignore_eos=True))
+            prompt = [family * 1000 + i for i in range(a)]  # same family -> shared prefix
+            r = Request(str(next_id), prompt, SamplingParams(max_tokens=b, ignore_eos=True))
             next_id += 1
             live[r.request_id] = r
             sched.add_request(r)
@@ -57,23 +77,24 @@ def test_random_operations_leave_every_block_free(ops, num_blocks, block_size, b
             for _ in range(a + 1):
                 _fake_step(sched, live)
         _check_invariants(bm, list(live.values()))
-    # Drain: every request must finish (no hang), then the pool must be whole.
+    # Drain: every request must finish (no hang), then both pools must be whole.
     for _ in range(10_000):
         if not sched.has_unfinished_requests():
             break
         _fake_step(sched, live)
     assert not sched.has_unfinished_requests(), "requests left that never finish"
-    assert bm.num_free_blocks == num_blocks
-    assert all(block.ref_count == 0 for block in bm.blocks)
+    assert bm.num_free_blocks == num_blocks and bm.num_free_cpu_blocks == num_cpu_blocks
+    assert all(block.ref_count == 0 for block in bm.gpu.blocks + bm.cpu.blocks)
+    _check_cache(bm)
 
 
 def _fake_step(sched: Scheduler, live: dict[str, Request]) -> None:
-    """A model step without a model: every request that reaches its end 'samples' token 0."""
+    """A model step without a model: every request that reaches its end 'samples' a token."""
     out = sched.schedule()
     sampling = [p.request for p in out.scheduled if p.samples]
     sched.update_after_step(out)
     for r in sampling:
-        r.append_output_token(0)
+        r.append_output_token(7)
         status = r.check_stop_token()
         if status is not None:
             sched.finish_request(r, status)
