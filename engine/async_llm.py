@@ -31,6 +31,7 @@ class _Add:
     tenant_id: str | None
     priority: int
     cache_salt: str | None
+    weight: float
     sink: asyncio.Queue
     loop: asyncio.AbstractEventLoop
     accepted: asyncio.Future
@@ -100,6 +101,7 @@ class AsyncLLM:
         tenant_id: str | None = None,
         priority: int = 1,
         cache_salt: str | None = None,
+        weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
         """Stream the outputs of one request; the last one has ``finished`` set.
 
@@ -114,7 +116,7 @@ class AsyncLLM:
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
-        self._commands.put(_Add(request_id, list(prompt_token_ids), params, tenant_id, priority, cache_salt, sink, loop, accepted))
+        self._commands.put(_Add(request_id, list(prompt_token_ids), params, tenant_id, priority, cache_salt, weight, sink, loop, accepted))
         await accepted
         finished = False
         try:
@@ -185,7 +187,7 @@ class AsyncLLM:
         try:
             self.engine.add_request(
                 cmd.request_id, cmd.prompt_token_ids, cmd.params,
-                tenant_id=cmd.tenant_id, priority=cmd.priority, cache_salt=cmd.cache_salt,
+                tenant_id=cmd.tenant_id, priority=cmd.priority, cache_salt=cmd.cache_salt, weight=cmd.weight,
             )
         except InvalidRequestError as exc:
             cmd.loop.call_soon_threadsafe(_set_exception, cmd.accepted, exc)

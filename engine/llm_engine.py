@@ -56,7 +56,8 @@ class EngineConfig:
         shared_prefix_cache: one cache namespace for all tenants (by default the
             salt is the tenant, so tenants never share KV: a shared cache leaks
             prompts through time to first token).
-        swap_space_gb: CPU swap pool for preempted requests' blocks (pinned on GPU).
+        swap_space_gb: CPU swap pool for preempted requests' blocks (pinned on
+            GPU), at most four times the GPU pool's block count.
         preemption_mode: ``swap``, ``recompute`` or ``auto`` (cost model per victim).
     """
 
@@ -133,7 +134,10 @@ class LLMEngine:
         model = model.to(device=self.device, dtype=config.torch_dtype).eval()
         num_blocks = config.num_gpu_blocks or self._auto_num_blocks(model_config)
         block_bytes = kv_bytes_per_block(model_config, config.block_size, config.torch_dtype)
-        num_cpu_blocks = int(config.swap_space_gb * (1 << 30) // block_bytes)
+        # More than a few GPU pools' worth of swap space is never used (swapped
+        # requests resume before anything new is admitted); the cap keeps tiny
+        # models from building millions of block records.
+        num_cpu_blocks = min(int(config.swap_space_gb * (1 << 30) // block_bytes), 4 * num_blocks)
         self.block_manager = BlockManager(num_blocks, config.block_size, num_cpu_blocks, config.enable_prefix_caching)
         self.cost_model = PreemptionCostModel(bytes_per_block=block_bytes)
         self.scheduler = Scheduler(
@@ -186,6 +190,7 @@ class LLMEngine:
         priority: int = 1,
         cache_salt: str | None = None,
         arrival_time: float | None = None,
+        weight: float = 1.0,
     ) -> Request:
         """Validate and queue a request.
 
@@ -194,6 +199,8 @@ class LLMEngine:
         """
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", code="duplicate_id")
+        if not weight > 0:
+            raise InvalidRequestError(f"weight must be > 0, got {weight}", code="invalid_parameter")
         self.validate(prompt_token_ids, params)
         request = Request(
             request_id=request_id,
@@ -202,6 +209,7 @@ class LLMEngine:
             tenant_id=tenant_id,
             priority=priority,
             cache_salt=self._salt(tenant_id, cache_salt),
+            weight=weight,
             eos_token_ids=self.eos_token_ids,
             max_model_len=self.max_model_len,
             **({"arrival_time": arrival_time} if arrival_time is not None else {}),

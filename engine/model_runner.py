@@ -64,10 +64,12 @@ class ModelRunner:
             for _ in range(self.config.num_hidden_layers)
         ]
         # The swap pool, pinned when the device is a GPU so copies run on the DMA engines.
+        # Uninitialised on purpose: a CPU block is only ever read after a swap-out
+        # wrote all of it, and untouched pages cost no memory on the CPU.
         pin = device.type == "cuda"
         self.cpu_kv_caches = [
-            (torch.zeros((num_cpu_blocks, *shape[1:]), dtype=dtype, pin_memory=pin),
-             torch.zeros((num_cpu_blocks, *shape[1:]), dtype=dtype, pin_memory=pin))
+            (torch.empty((num_cpu_blocks, *shape[1:]), dtype=dtype, pin_memory=pin),
+             torch.empty((num_cpu_blocks, *shape[1:]), dtype=dtype, pin_memory=pin))
             for _ in range(self.config.num_hidden_layers)
         ]
         self._copy_blocks = _copy_blocks_fn(device)

@@ -55,6 +55,7 @@ class Request:
     sampling_params: SamplingParams
     tenant_id: str | None = None
     priority: int = 1  # lower is more urgent: interactive=0, standard=1, batch=2
+    weight: float = 1.0  # the tenant's fair-share weight
     cache_salt: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     eos_token_ids: tuple[int, ...] = ()
