@@ -7,6 +7,8 @@ package never imports ``engine`` or ``app``.
 
 from .errors import (
     NotFoundError,
+    PriorityNotAllowedError,
+    QuotaExceededError,
     SchemaNotReadyError,
     StoreUnavailableError,
     TenancyError,
@@ -20,6 +22,8 @@ __all__ = [
     "KeyInfo",
     "NotFoundError",
     "Principal",
+    "PriorityNotAllowedError",
+    "QuotaExceededError",
     "Quotas",
     "SchemaNotReadyError",
     "StoreUnavailableError",

@@ -15,6 +15,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     BigInteger,
     MetaData,
@@ -82,6 +83,55 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class TenantUsage(Base):
+    """Live quota counters of one tenant (one row per tenant, created on first use).
+
+    Windows are integers: ``minute_start`` is the UTC unix minute (``epoch_s // 60``),
+    ``day_start`` the UTC unix day (``epoch_s // 86400``), ``month_start`` is
+    ``year * 12 + month - 1``. A counter whose window is not the current one counts
+    as 0; the reservation statement rolls it over (see ``tenancy.quotas``).
+    ``in_flight`` and ``reserved_tokens`` count reservations not yet settled.
+    """
+
+    __tablename__ = "tenant_usage"
+
+    tenant_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True, autoincrement=False
+    )
+    minute_start: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    minute_requests: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    minute_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    in_flight: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    reserved_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    day_start: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    day_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    month_start: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    month_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+
+
+class UsageRecord(Base):
+    """One finished request (however it ended): what it cost and how it went."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (Index("ix_usage_records_tenant_id_minute", "tenant_id", "minute"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False
+    )
+    key_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    request_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    priority: Mapped[str] = mapped_column(String(16), nullable=False)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
+    completion_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
+    reserved_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
+    ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    total_ms: Mapped[float] = mapped_column(Float, nullable=False)
+    finish_reason: Mapped[str] = mapped_column(String(16), nullable=False)
+    minute: Mapped[int] = mapped_column(BigInteger, nullable=False)  # UTC unix minute, for time series
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, default=utcnow)
 
 
 # ---- ORM rows -> frozen records (nothing outside the package sees ORM objects) ----

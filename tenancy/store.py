@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
 
 from sqlalchemy import func, select, text, update
 from sqlalchemy.exc import IntegrityError
@@ -19,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from . import keys
 from .db import create_engine, translate_errors
 from .errors import NotFoundError, TenantExistsError
+from .quotas import QuotaLedger
 from .models import ApiKey, Tenant, key_info, tenant_info, tenant_quotas, utcnow
 from .records import KeyInfo, Principal, Quotas, TenantInfo, decode_priorities, encode_priorities
 from .validation import check_name, check_weight, normalize_priorities, quota_columns
@@ -41,9 +43,11 @@ class TenancyStore:
             busy timeout, or has no schema (``SchemaNotReadyError``).
     """
 
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, *, clock: Callable[[], float] = time.time) -> None:
         self._engine = create_engine(database_url)
         self._sessions = async_sessionmaker(self._engine, expire_on_commit=False)
+        #: Quota reservation, settlement and usage reads (``tenancy.quotas.QuotaLedger``).
+        self.quotas = QuotaLedger(self._transaction, clock)
 
     async def __aenter__(self) -> TenancyStore:
         return self
