@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ipaddress
-import logging
 
 LOCAL_TENANT = "local"
 # Frames up to this many times the message limit get an ``error`` event; larger
@@ -48,14 +47,12 @@ _SETTING_ARGS = (
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.logging_setup import configure_logging, uvicorn_log_config
     from app.server import create_app
     from app.settings import get_settings
 
     settings = get_settings(**{k: getattr(args, k) for k in _SETTING_ARGS if getattr(args, k) is not None})
-    logging.basicConfig(
-        level=settings.log_level.upper() if settings.log_level != "trace" else "DEBUG",
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(settings.log_level)
     key = asyncio.run(bootstrap(settings.database_url, settings.host))
     base = f"http://{_url_host(settings.host)}:{settings.port}/"
 
@@ -74,6 +71,7 @@ def serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=uvicorn_log_config(),
         ws_max_size=TRANSPORT_FRAME_FACTOR * settings.ws_max_message_bytes,
     )
     return 0

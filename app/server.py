@@ -22,6 +22,8 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.metrics import InstrumentedLLM, Metrics, metrics_endpoint
+from app.chat_service import ChatService
 from app.settings import Settings
 from app.ws import websocket_endpoint
 
@@ -64,11 +66,16 @@ def create_app(
             if llm is None:
                 owned_llm = await asyncio.to_thread(load_engine, settings)
             app.state.store = store if store is not None else owned_store
-            app.state.llm = llm if llm is not None else owned_llm
+            engine_client = llm if llm is not None else owned_llm
+            app.state.metrics = Metrics(engine_client.model_name, engine_client.stats)
+            app.state.llm = InstrumentedLLM(engine_client, app.state.metrics)
+            app.state.chat_service = ChatService(app.state.llm, app.state.store, settings)
             if on_ready is not None:
                 on_ready()
             yield
         finally:
+            if getattr(app.state, "chat_service", None) is not None:
+                await app.state.chat_service.drain()
             if owned_llm is not None:
                 owned_llm.shutdown()
             if owned_store is not None:
@@ -77,6 +84,7 @@ def create_app(
     app = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
             WebSocketRoute("/v1/ws", websocket_endpoint),
             Mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web"),
         ],

@@ -28,6 +28,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
+    # Debugging aid: log prompts and answers (never keys). Off in production.
+    log_prompts: bool = False
     # Origins allowed to open the WebSocket / call the API from a browser; default:
     # this server itself on localhost and 127.0.0.1.
     allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
