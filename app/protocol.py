@@ -147,6 +147,19 @@ class ErrorEvent(_Message):
     message: str
 
 
+class QuotaErrorEvent(ErrorEvent):
+    """A chat refused by a quota (``code: "quota_exceeded"``): which quota, its limit, and
+    when to retry (``retry_after_ms`` is null when waiting does not help;
+    ``retryable`` is false for a used-up day/month budget and for a request larger
+    than the limit)."""
+
+    code: Literal["quota_exceeded"] = "quota_exceeded"
+    quota: str
+    limit: int
+    retry_after_ms: int | None
+    retryable: bool
+
+
 class PongEvent(_Message):
     type: Literal["pong"] = "pong"
     data: Any = None

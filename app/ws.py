@@ -41,12 +41,14 @@ from app.protocol import (
     Ping,
     PongEvent,
     ProtocolError,
+    QuotaErrorEvent,
     ReadyEvent,
     Timings,
     Usage,
     dump_event,
     parse_client_message,
 )
+from app.chat_service import ChatService, PriorityNotAllowedError, QuotaExceededError, default_priority
 from engine import InvalidRequestError, SamplingParams
 from tenancy.errors import StoreUnavailableError
 
@@ -88,7 +90,7 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
         log.info("websocket refused: invalid, revoked or disabled API key (client %s)", _client(websocket))
         await _close(websocket, CLOSE_UNAUTHORIZED, "invalid API key (unknown, revoked, or tenant disabled)")
         return
-    await ChatSession(websocket, state.llm, principal, state.settings).run()
+    await ChatSession(websocket, state.llm, principal, state.settings, state.chat_service).run()
 
 
 def origin_allowed(websocket: WebSocket, allowed: list[str] | tuple[str, ...] | str) -> bool:
@@ -147,11 +149,16 @@ class ChatSession:
         llm: the engine client (``engine.AsyncLLM``).
         principal: who the socket acts for (``tenancy.records.Principal``).
         settings: ``app.settings.Settings`` (``ws_max_message_bytes``, ``ws_send_queue_size``).
+        service: the ``ChatService`` every chat runs through (priority check, quota
+            reservation and settlement); ``None`` runs unmetered (transport tests).
     """
 
-    def __init__(self, websocket: WebSocket, llm: Any, principal: Any, settings: Any) -> None:
+    def __init__(
+        self, websocket: WebSocket, llm: Any, principal: Any, settings: Any, service: ChatService | None = None
+    ) -> None:
         self._ws = websocket
         self._llm = llm
+        self._service = service if service is not None else ChatService(llm, None, settings)
         self._principal = principal
         self._max_bytes = settings.ws_max_message_bytes
         self._queue: asyncio.Queue[str] = asyncio.Queue(maxsize=settings.ws_send_queue_size)
@@ -159,10 +166,7 @@ class ChatSession:
         self._chats: dict[str, asyncio.Task] = {}
         self._sid = next(_socket_ids)
         self._request_ids = itertools.count(1)
-        allowed = principal.allowed_priorities
-        self._default_priority = (
-            "standard" if "standard" in allowed else min(allowed, key=PRIORITY_LEVELS.__getitem__)
-        )
+        self._default_priority = default_priority(principal)
 
     async def run(self) -> None:
         """Serve the socket until the client leaves or overflows its send queue."""
@@ -259,15 +263,13 @@ class ChatSession:
             raise ProtocolError(
                 "too_many_chats", f"at most {MAX_CHATS_PER_SOCKET} chats may run at once on one socket", msg.id
             )
-        priority = msg.priority or self._default_priority
-        if priority not in self._principal.allowed_priorities:
-            allowed = sorted(self._principal.allowed_priorities, key=PRIORITY_LEVELS.__getitem__)
-            raise ProtocolError(
-                "forbidden_priority", f"priority {priority!r} is not allowed for this tenant; allowed: {allowed}", msg.id
-            )
+        try:
+            priority = self._service.check_priority(self._principal, msg.priority)
+        except PriorityNotAllowedError as exc:
+            raise ProtocolError("forbidden_priority", str(exc), msg.id) from None
         prompt_ids, params = self._prepare(msg)
         request_id = f"ws{self._sid}-{next(self._request_ids)}"
-        task = asyncio.create_task(self._run_chat(msg.id, request_id, prompt_ids, params, PRIORITY_LEVELS[priority]))
+        task = asyncio.create_task(self._run_chat(msg.id, request_id, prompt_ids, params, priority))
         task.add_done_callback(lambda t: self._on_chat_task_done(msg.id, t, len(prompt_ids)))
         self._chats[msg.id] = task
 
@@ -323,12 +325,11 @@ class ChatSession:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run_chat(
-        self, chat_id: str, request_id: str, prompt_ids: list[int], params: SamplingParams, priority: int
+        self, chat_id: str, request_id: str, prompt_ids: list[int], params: SamplingParams, priority: str
     ) -> None:
-        """Stream one chat: deltas as they come, then exactly one ``chat.done`` or ``error``."""
-        stream = self._llm.generate(
-            prompt_ids, params, request_id, tenant_id=str(self._principal.tenant_id), priority=priority
-        )
+        """Stream one chat through the chat service: deltas as they come, then exactly one
+        ``chat.done`` or ``error`` (a quota refusal is a ``quota_exceeded`` error)."""
+        stream = self._service.run(self._principal, request_id, prompt_ids, params, priority)
         last = None
         done: ChatDoneEvent | ErrorEvent | None = None
         try:
@@ -345,21 +346,31 @@ class ChatSession:
         except asyncio.CancelledError:
             # chat.cancel or disconnect; closing the stream below aborts it in the engine.
             done = _done_event(chat_id, len(prompt_ids), last, "abort")
+        except QuotaExceededError as exc:
+            done = _quota_error(chat_id, exc)
+        except PriorityNotAllowedError as exc:
+            done = ErrorEvent(id=chat_id, code="forbidden_priority", message=str(exc))
+        except StoreUnavailableError:
+            log.error("socket %d chat %s refused: tenancy store unavailable", self._sid, request_id)
+            done = ErrorEvent(id=chat_id, code="store_unavailable",
+                              message="the quota store is unavailable; try again later")  # fmt: skip
         except InvalidRequestError as exc:
             done = ErrorEvent(id=chat_id, code=getattr(exc, "code", "invalid_request"), message=str(exc))
         except Exception:
             log.exception("socket %d chat %s failed in the engine", self._sid, request_id)
             done = ErrorEvent(id=chat_id, code="engine_error", message="the engine failed on this chat")
         finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
-            if last is None or not last.finished:
-                await self._llm.abort(request_id)
+            await stream.aclose()  # the service aborts the request in the engine and settles its quota
             # Free the id before the client can learn the chat ended, so it may reuse it at once.
             self._chats.pop(chat_id, None)
             if done is not None:
                 self._emit(done)
+
+
+def _quota_error(chat_id: str, exc: QuotaExceededError) -> QuotaErrorEvent:
+    retry_ms = None if exc.retry_after_s is None else int(exc.retry_after_s * 1000) + 1
+    return QuotaErrorEvent(id=chat_id, message=str(exc), quota=exc.quota_name, limit=exc.limit,
+                           retry_after_ms=retry_ms, retryable=exc.retryable)  # fmt: skip
 
 
 def _done_event(chat_id: str, prompt_tokens: int, out: Any, finish_reason: str | None) -> ChatDoneEvent:
