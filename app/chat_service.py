@@ -122,9 +122,7 @@ class ChatService:
         priority = self.check_priority(principal, priority_class)
         reservation = None
         if self.store is not None:
-            reservation = await self.store.quotas.reserve(
-                principal.tenant_id, principal.key_id, request_id, priority, len(prompt_token_ids), params.max_tokens
-            )
+            reservation = await self._reserve(principal, request_id, priority, len(prompt_token_ids), params.max_tokens)
         started = self._clock()
         last = None
         finish = "abort"
@@ -161,6 +159,27 @@ class ChatService:
         """Wait for settlements still running in the background (call before closing the store)."""
         if self._pending:
             await asyncio.wait(list(self._pending), timeout=timeout_s)
+
+    async def _reserve(self, principal: Any, request_id: str, priority: str, prompt_tokens: int,
+                       max_tokens: int) -> Reservation:  # fmt: skip
+        # Shielded: a cancel landing after the UPDATE committed but before we hold the
+        # Reservation would leak it; instead the orphan is settled at zero cost.
+        task = asyncio.ensure_future(self.store.quotas.reserve(
+            principal.tenant_id, principal.key_id, request_id, priority, prompt_tokens, max_tokens
+        ))  # fmt: skip
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._release_orphan)
+            raise
+
+    def _release_orphan(self, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        orphan = Settlement(0, "abort", None, 0.0, charged_prompt=False)
+        settle = asyncio.ensure_future(self._settle_with_retries(task.result(), orphan))
+        self._pending.add(settle)
+        settle.add_done_callback(self._pending.discard)
 
     async def _settle(self, reservation: Reservation, outcome: Settlement) -> None:
         # A task of its own, awaited through a shield: a second cancellation of the
