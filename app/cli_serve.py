@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ipaddress
+import secrets
 
 LOCAL_TENANT = "local"
 # Frames up to this many times the message limit get an ``error`` event; larger
@@ -55,8 +56,18 @@ def serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     key = asyncio.run(bootstrap(settings.database_url, settings.host))
     base = f"http://{_url_host(settings.host)}:{settings.port}/"
+    admin_token = None
+    if settings.admin_token is None and is_loopback(settings.host):
+        # A token for this session only, so the admin page works out of the box on loopback.
+        from pydantic import SecretStr
+
+        admin_token = secrets.token_urlsafe(32)
+        settings = settings.model_copy(update={"admin_token": SecretStr(admin_token)})
 
     def announce() -> None:
+        if admin_token is not None:
+            print(f"\nchatgate: admin page (token for this session only; set CHATGATE_ADMIN_TOKEN to fix one):\n"
+                  f"\n    {base}admin/#token={admin_token}\n", flush=True)  # fmt: skip
         if key is not None:
             print(f"\nchatgate: created tenant '{LOCAL_TENANT}'. Open the chat page (the key is shown only once):\n"
                   f"\n    {base}#key={key}\n", flush=True)  # fmt: skip

@@ -23,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.metrics import InstrumentedLLM, Metrics, metrics_endpoint
+from app.admin_api import admin_redirect, admin_routes
 from app.chat_service import ChatService
 from app.settings import Settings
 from app.ws import websocket_endpoint
@@ -86,6 +87,8 @@ def create_app(
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             WebSocketRoute("/v1/ws", websocket_endpoint),
+            Route("/admin", admin_redirect, methods=["GET"]),
+            Mount("/admin", routes=admin_routes()),
             Mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web"),
         ],
         middleware=[Middleware(SecurityHeaders)],

@@ -134,9 +134,11 @@ class TenancyStore:
         allowed_priorities: Iterable[str] | str | None = None,
         quotas: Quotas | None = None,
         disabled: bool | None = None,
+        quota_changes: dict[str, int | None] | None = None,
     ) -> TenantInfo:
         """Change the given fields (``None`` leaves a field as it is; ``quotas``
-        replaces all quota limits at once).
+        replaces all quota limits at once; ``quota_changes`` sets only the quota
+        fields it names, ``None`` values meaning unlimited).
 
         Raises:
             NotFoundError: no such tenant.
@@ -152,6 +154,12 @@ class TenancyStore:
             changes["allowed_priorities"] = encode_priorities(normalize_priorities(allowed_priorities))
         if quotas is not None:
             changes.update(quota_columns(quotas))
+        if quota_changes:
+            unknown = set(quota_changes) - set(Quotas.__dataclass_fields__)
+            if unknown:
+                raise ValueError(f"unknown quota(s) {sorted(unknown)}")
+            checked = quota_columns(Quotas(**quota_changes))
+            changes.update({field: checked[field] for field in quota_changes})
         if disabled is not None:
             changes["disabled"] = bool(disabled)
         try:
@@ -203,6 +211,14 @@ class TenancyStore:
             log.info("created key %s for tenant %s", prefix, info.tenant_name)
             return info, plain_key
         raise AssertionError("unreachable")
+
+    async def list_all_keys(self) -> list[KeyInfo]:
+        """Every key of every tenant, revoked ones included, by id; prefixes only."""
+        async with self._transaction() as session:
+            rows = await session.execute(
+                select(ApiKey, Tenant.name).join(Tenant, Tenant.id == ApiKey.tenant_id).order_by(ApiKey.id)
+            )
+            return [key_info(k, name) for k, name in rows]
 
     async def list_keys(self, tenant_name: str | int) -> list[KeyInfo]:
         """A tenant's keys, revoked ones included, oldest first; prefixes only. Raises ``NotFoundError``."""
