@@ -23,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.metrics import InstrumentedLLM, Metrics, metrics_endpoint
+from app.openai_api import routes as openai_routes
 from app.admin_api import admin_redirect, admin_routes
 from app.chat_service import ChatService
 from app.settings import Settings
@@ -86,6 +87,7 @@ def create_app(
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
+            *openai_routes(),
             WebSocketRoute("/v1/ws", websocket_endpoint),
             Route("/admin", admin_redirect, methods=["GET"]),
             Mount("/admin", routes=admin_routes()),
