@@ -193,8 +193,40 @@ class InstrumentedLLM:
             tracker.refused = tracker.last is None  # refused before it ran: not a finished request
             raise
         finally:
+            try:
+                await stream.aclose()
+            finally:
+                tracker.finish()  # even when a cancelled scope interrupts the close
+
+
+class MeteredChatService:
+    """The chat service with per-tenant refusal counts and tenant names for the labels.
+
+    Passes everything through to the wrapped ``app.chat_service.ChatService``;
+    ``run`` counts a ``QuotaExceededError`` (``chatgate:quota_refusals_total``) and
+    re-raises it, whatever the transport.
+    """
+
+    def __init__(self, service: Any, metrics: Metrics) -> None:
+        self._service = service
+        self.metrics = metrics
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._service, name)
+
+    async def run(self, principal: Any, *args: Any, **kwargs: Any) -> AsyncIterator:
+        from tenancy.errors import QuotaExceededError
+
+        self.metrics.note_tenant(principal.tenant_id, principal.tenant_name)
+        stream = self._service.run(principal, *args, **kwargs)
+        try:
+            async for out in stream:
+                yield out
+        except QuotaExceededError as exc:
+            self.metrics.quota_refused(principal.tenant_name, exc.quota_name)
+            raise
+        finally:
             await stream.aclose()
-            tracker.finish()
 
 
 class _RequestTracker:

@@ -139,7 +139,7 @@ async def _serve(request: Request, principal: Any, body: Any, prompt_ids: list[i
     except BaseException as exc:
         await stream.aclose()
         if isinstance(exc, Exception):
-            raise _api_error(exc, principal, state) from None
+            raise _api_error(exc) from None
         raise
     fmt = _Formatter(request_id, state.llm.model_name, len(prompt_ids), chat)
     headers = {"x-request-id": request_id}
@@ -262,12 +262,9 @@ def _chat_service(request: Request) -> ChatService:
     return service
 
 
-def _api_error(exc: Exception, principal: Any, state: Any) -> ApiError:
+def _api_error(exc: Exception) -> ApiError:
     """A refusal from the chat service or the engine, as OpenAI would answer it."""
     if isinstance(exc, QuotaExceededError):
-        metrics = getattr(state, "metrics", None)
-        if metrics is not None:
-            metrics.quota_refused(principal.tenant_name, exc.quota_name)
         return _quota_error(exc)
     if isinstance(exc, PriorityNotAllowedError):
         return ApiError(403, str(exc), "permission_error", "priority_not_allowed", "priority")

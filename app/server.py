@@ -22,7 +22,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.metrics import InstrumentedLLM, Metrics, metrics_endpoint
+from app.metrics import InstrumentedLLM, MeteredChatService, Metrics, metrics_endpoint
 from app.openai_api import routes as openai_routes
 from app.admin_api import admin_redirect, admin_routes
 from app.chat_service import ChatService
@@ -71,7 +71,8 @@ def create_app(
             engine_client = llm if llm is not None else owned_llm
             app.state.metrics = Metrics(engine_client.model_name, engine_client.stats)
             app.state.llm = InstrumentedLLM(engine_client, app.state.metrics)
-            app.state.chat_service = ChatService(app.state.llm, app.state.store, settings)
+            service = ChatService(app.state.llm, app.state.store, settings)
+            app.state.chat_service = MeteredChatService(service, app.state.metrics)
             if on_ready is not None:
                 on_ready()
             yield
