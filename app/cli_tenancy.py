@@ -53,6 +53,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("name")
         p.set_defaults(func=_tenants_set_disabled, disabled=verb == "disable")
 
+    p = tenants.add_parser("update", parents=[common], help="set weight, priority classes and quotas")
+    p.add_argument("name")
+    p.add_argument("--weight", type=float, help="fair-share weight, > 0")
+    p.add_argument("--priorities", help="allowed classes, comma-separated among interactive,standard,batch")
+    for flag, field, what in _QUOTA_FLAGS:
+        p.add_argument(flag, dest=field, type=_limit, default=_UNSET, metavar="N|none", help=f"{what} (none: unlimited)")
+    p.set_defaults(func=_tenants_update)
+
+    p = subparsers.add_parser("usage", parents=[common], help="usage against quotas, per tenant or of one tenant")
+    p.add_argument("tenant", nargs="?", help="show this tenant's per-minute series and recent requests")
+    p.add_argument("--minutes", type=int, default=60, help="series window for one tenant (default 60)")
+    p.set_defaults(func=_usage)
+
     keys = subparsers.add_parser("keys", help="manage API keys").add_subparsers(dest="keys_command", required=True)
     p = keys.add_parser("create", parents=[common], help="issue a new API key (shown once)")
     p.add_argument("tenant")
@@ -63,6 +76,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = keys.add_parser("revoke", parents=[common], help="revoke a key by prefix (cg_xxxxxxxx) or id")
     p.add_argument("prefix")
     p.set_defaults(func=_keys_revoke)
+
+
+_QUOTA_FLAGS = (
+    ("--rpm", "requests_per_minute", "requests per minute"),
+    ("--tpm", "tokens_per_minute", "tokens per minute (input + output)"),
+    ("--max-concurrent", "max_concurrent_chats", "concurrent chats"),
+    ("--tokens-per-day", "tokens_per_day", "tokens per UTC day"),
+    ("--tokens-per-month", "tokens_per_month", "tokens per calendar month"),
+)
+_UNSET = object()
+
+
+def _limit(text: str) -> int | None:
+    if text.strip().lower() in ("none", "unlimited", "null", "-"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer or 'none', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer or 'none', got {text!r}")
+    return value
 
 
 # ---- handlers --------------------------------------------------------------------------
@@ -125,6 +160,66 @@ def _tenants_set_disabled(args: argparse.Namespace) -> int:
         lambda store: store.set_disabled(args.name, args.disabled),
         lambda t: _info(f"tenant {t.name} is now {'disabled' if t.disabled else 'enabled'}"),
     )
+
+
+def _tenants_update(args: argparse.Namespace) -> int:
+    changes = {field: getattr(args, field) for _, field, _ in _QUOTA_FLAGS if getattr(args, field) is not _UNSET}
+
+    def show(t) -> None:  # noqa: ANN001
+        quotas = ", ".join(f"{k}={'unlimited' if v is None else v}" for k, v in vars(t.quotas).items())
+        _info(f"tenant {t.name}: weight {t.weight:g}, priorities {_priorities(t.allowed_priorities)}, {quotas}")
+
+    return _with_store(
+        args,
+        lambda store: store.update_tenant(
+            args.name, weight=args.weight, allowed_priorities=args.priorities, quota_changes=changes
+        ),
+        show,
+    )
+
+
+def _usage(args: argparse.Namespace) -> int:
+    import time
+
+    async def fetch(store):  # noqa: ANN001, ANN202
+        tenants = [await store.get_tenant(args.tenant)] if args.tenant else await store.list_tenants()
+        live = await store.quotas.live_usage()
+        today = await store.quotas.totals(since_minute=int(time.time() // 86400) * 1440)
+        series = recent = None
+        if args.tenant:
+            start = int(time.time() // 60) - max(1, args.minutes) + 1
+            series = await store.quotas.series(tenants[0].id, start, 1)
+            recent = await store.quotas.recent(tenants[0].id, 10)
+        return tenants, live, today, series, recent
+
+    def show(result) -> None:  # noqa: ANN001
+        tenants, live, today, series, recent = result
+        rows = []
+        for t in tenants:
+            u, q, d = live.get(t.id), t.quotas, today.get(t.id, {})
+            rows.append((
+                t.name, _of(u.minute_requests, q.requests_per_minute), _of(u.minute_tokens, q.tokens_per_minute),
+                _of(u.in_flight, q.max_concurrent_chats), _of(u.day_tokens, q.tokens_per_day),
+                _of(u.month_tokens, q.tokens_per_month), str(d.get("requests", 0)),
+            ))  # fmt: skip
+        _table(("TENANT", "REQ/MIN", "TOK/MIN", "CONCURRENT", "TOK/DAY", "TOK/MONTH", "REQUESTS TODAY"), rows)
+        if series is not None:
+            print()
+            _table(("MINUTE (UTC)", "REQUESTS", "PROMPT", "COMPLETION"), [
+                (time.strftime("%Y-%m-%d %H:%M", time.gmtime(b["start_minute"] * 60)), str(b["requests"]),
+                 str(b["prompt_tokens"]), str(b["completion_tokens"])) for b in series
+            ])  # fmt: skip
+            print()
+            _table(("REQUEST", "CLASS", "IN", "OUT", "RESERVED", "FINISH", "TOTAL MS"), [
+                (r["request_id"], r["priority"], str(r["prompt_tokens"]), str(r["completion_tokens"]),
+                 str(r["reserved_tokens"]), r["finish_reason"], f"{r['total_ms']:.0f}") for r in recent
+            ])  # fmt: skip
+
+    return _with_store(args, fetch, show)
+
+
+def _of(used: int, limit: int | None) -> str:
+    return f"{used}/{'∞' if limit is None else limit}"
 
 
 def _keys_create(args: argparse.Namespace) -> int:

@@ -131,3 +131,32 @@ def test_database_url_defaults_to_settings_from_any_cwd(tmp_path, monkeypatch, c
 def test_db_current_reports_head(cli_url, capsys):
     code, out, _ = _cli(capsys, "db", "current", "--database-url", cli_url)
     assert code == 0 and out.startswith(head_revision())
+
+
+def test_tenants_update_sets_weight_classes_and_quotas(cli_url, capsys):
+    assert _cli(capsys, "tenants", "create", "quotaco", "--database-url", cli_url)[0] == 0
+    code, _, err = _cli(capsys, "tenants", "update", "quotaco", "--database-url", cli_url, "--weight", "3",
+                        "--priorities", "interactive,batch", "--rpm", "60", "--tpm", "20000",
+                        "--max-concurrent", "4", "--tokens-per-day", "none", "--tokens-per-month", "1000000")  # fmt: skip
+    assert code == 0, err
+    assert "weight 3" in err and "requests_per_minute=60" in err and "tokens_per_day=unlimited" in err
+    # Only the given quota changes on a second update.
+    code, _, err = _cli(capsys, "tenants", "update", "quotaco", "--database-url", cli_url, "--rpm", "none")
+    assert code == 0 and "requests_per_minute=unlimited" in err and "max_concurrent_chats=4" in err
+    assert "interactive,batch" in err
+
+
+def test_tenants_update_rejects_a_negative_quota_and_unknown_tenant(cli_url, capsys):
+    with pytest.raises(SystemExit) as info:
+        _cli(capsys, "tenants", "update", "x", "--database-url", cli_url, "--rpm", "-5")
+    assert info.value.code == 2
+    assert _cli(capsys, "tenants", "update", "ghost", "--database-url", cli_url, "--weight", "2")[0] == 1
+
+
+def test_usage_lists_every_tenant_and_one_tenant_in_detail(cli_url, capsys):
+    assert _cli(capsys, "tenants", "create", "usageco", "--database-url", cli_url)[0] == 0
+    assert _cli(capsys, "tenants", "update", "usageco", "--database-url", cli_url, "--tokens-per-day", "500")[0] == 0
+    code, out, _ = _cli(capsys, "usage", "--database-url", cli_url)
+    assert code == 0 and "usageco" in out and "0/500" in out
+    code, out, _ = _cli(capsys, "usage", "usageco", "--database-url", cli_url, "--minutes", "5")
+    assert code == 0 and "MINUTE (UTC)" in out and "REQUEST" in out
