@@ -171,12 +171,14 @@ class InstrumentedLLM:
 
     Everything but ``generate`` is passed through to the wrapped ``AsyncLLM``.
     ``generate`` also binds the request id to the task's logs
-    (:func:`app.logging_setup.bind_request_id`).
+    (:func:`app.logging_setup.bind_request_id`), and with ``log_prompts`` logs the
+    prompt and the answer (the ``log_prompts`` setting; never in production).
     """
 
-    def __init__(self, llm: Any, metrics: Metrics) -> None:
+    def __init__(self, llm: Any, metrics: Metrics, *, log_prompts: bool = False) -> None:
         self._llm = llm
         self.metrics = metrics
+        self.log_prompts = log_prompts  # debugging only: prompts and answers in the logs
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._llm, name)
@@ -184,6 +186,8 @@ class InstrumentedLLM:
     async def generate(self, prompt_token_ids: list[int], params: Any, request_id: str, **kwargs: Any) -> AsyncIterator:
         bind_request_id(request_id)
         tracker = _RequestTracker(self.metrics, kwargs.get("tenant_id"), len(prompt_token_ids))
+        if self.log_prompts:
+            log.info("prompt", extra={"fields": {"prompt": self._llm.tokenizer.decode(prompt_token_ids)}})
         stream = self._llm.generate(prompt_token_ids, params, request_id, **kwargs)
         try:
             async for out in stream:
@@ -197,6 +201,8 @@ class InstrumentedLLM:
                 await stream.aclose()
             finally:
                 tracker.finish()  # even when a cancelled scope interrupts the close
+                if self.log_prompts and tracker.last is not None:
+                    log.info("answer", extra={"fields": {"answer": tracker.last.outputs[0].text}})
 
 
 class MeteredChatService:

@@ -70,7 +70,7 @@ def create_app(
             app.state.store = store if store is not None else owned_store
             engine_client = llm if llm is not None else owned_llm
             app.state.metrics = Metrics(engine_client.model_name, engine_client.stats)
-            app.state.llm = InstrumentedLLM(engine_client, app.state.metrics)
+            app.state.llm = InstrumentedLLM(engine_client, app.state.metrics, log_prompts=settings.log_prompts)
             service = ChatService(app.state.llm, app.state.store, settings)
             app.state.chat_service = MeteredChatService(service, app.state.metrics)
             if on_ready is not None:
