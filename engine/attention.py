@@ -5,7 +5,9 @@ which stores k/v into the cache (by ``slot_mapping``) and attends each new token
 to its sequence's cached context (by ``block_tables``). Two backends share one
 metadata object:
 
-- ``ReferenceAttentionBackend``: plain PyTorch (``kernels.reference``), the CPU path;
+- ``ReferenceAttentionBackend``: plain PyTorch (``kernels.reference``), the spec;
+- ``SdpaAttentionBackend``: gathers the paged context and calls PyTorch's fused
+  ``scaled_dot_product_attention``, the fast CPU path;
 - ``TritonAttentionBackend``: the Triton kernels in ``kernels/`` (GPU, and the CPU
   under ``TRITON_INTERPRET=1`` in tests).
 """
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 
 from kernels import reference
 
@@ -84,6 +87,57 @@ class ReferenceAttentionBackend:
         )
 
 
+class SdpaAttentionBackend:
+    """Paged attention through ``torch.nn.functional.scaled_dot_product_attention``.
+
+    Decode gathers every sequence's blocks into one padded ``(B, H_kv, L, D)``
+    tensor and masks by length; prefill runs per sequence, attending to the new
+    tokens directly when nothing is cached before them (no gather).
+    """
+
+    name = "sdpa"
+
+    def forward(self, query, key, value, k_cache, v_cache, meta, scale):
+        reference.store_kvcache_ref(key, value, k_cache, v_cache, meta.slot_mapping)
+        if meta.decode_only:
+            return self._decode(query, k_cache, v_cache, meta, scale)
+        out = torch.empty_like(query)
+        qsl = meta.query_start_loc.tolist()
+        for i, seq_len in enumerate(meta.seq_lens.tolist()):
+            start, end = qsl[i], qsl[i + 1]
+            if end == start:
+                continue
+            q = query[start:end].transpose(0, 1).unsqueeze(0)  # (1, H, q_len, D)
+            if end - start == seq_len:  # fresh prefill: the new tokens are the whole context
+                k = key[start:end].transpose(0, 1).unsqueeze(0)  # (1, H_kv, L, D)
+                v = value[start:end].transpose(0, 1).unsqueeze(0)
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+            else:
+                k = reference.gather_kv_ref(k_cache, meta.block_tables[i], seq_len).transpose(0, 1).unsqueeze(0)
+                v = reference.gather_kv_ref(v_cache, meta.block_tables[i], seq_len).transpose(0, 1).unsqueeze(0)
+                q_pos = torch.arange(seq_len - (end - start), seq_len, device=query.device).unsqueeze(1)
+                mask = torch.arange(seq_len, device=query.device).unsqueeze(0) <= q_pos  # (q_len, L)
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+            out[start:end] = o[0].transpose(0, 1)
+        return out
+
+    @staticmethod
+    def _decode(query, k_cache, v_cache, meta, scale):
+        num_seqs, _, head_dim = query.shape
+        block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+        n_blocks = -(-meta.max_seq_len // block_size)
+        bt = meta.block_tables[:, :n_blocks].long()
+        # (B, H_kv, n_blocks * block_size, D)
+        k = k_cache[bt].view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+        v = v_cache[bt].view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+        positions = torch.arange(k.shape[2], device=query.device)
+        mask = positions.unsqueeze(0) < meta.seq_lens.unsqueeze(1).long()  # (B, L)
+        out = F.scaled_dot_product_attention(
+            query.unsqueeze(2), k, v, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
+        )  # (B, H, 1, D)
+        return out.squeeze(2)
+
+
 class TritonAttentionBackend:
     """The Triton kernels of ``kernels/``: paged decode (split-K) and paged prefill."""
 
@@ -108,15 +162,17 @@ class TritonAttentionBackend:
 
 
 def make_attention_backend(name: str, device: torch.device) -> AttentionBackend:
-    """``"auto"`` picks Triton on CUDA and the reference elsewhere.
+    """``"auto"`` picks Triton on CUDA and SDPA elsewhere.
 
     Raises:
         ValueError: unknown backend name.
     """
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "reference"
+        name = "triton" if device.type == "cuda" else "sdpa"
     if name == "reference":
         return ReferenceAttentionBackend()
+    if name == "sdpa":
+        return SdpaAttentionBackend()
     if name == "triton":
         return TritonAttentionBackend()
-    raise ValueError(f"unknown attention backend {name!r}; choose auto, reference or triton")
+    raise ValueError(f"unknown attention backend {name!r}; choose auto, reference, sdpa or triton")

@@ -49,7 +49,8 @@ class EngineConfig:
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         device: ``cpu``, ``cuda``, ``cuda:N``.
         seed: seeds the draws of requests that have no seed of their own.
-        attention_backend: ``auto``, ``reference`` or ``triton``.
+        attention_backend: ``auto`` (Triton on CUDA, SDPA on the CPU), ``reference``,
+            ``sdpa`` or ``triton``.
         scheduling_policy: see ``engine.policy.POLICIES``.
         enable_chunked_prefill: split long prompts across steps.
         enable_prefix_caching: reuse computed KV blocks across requests.

@@ -88,6 +88,7 @@ class Sampler:
     def __init__(self, generator: torch.Generator) -> None:
         self.generator = generator
 
+    @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
         """Sample.
 

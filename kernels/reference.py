@@ -30,12 +30,14 @@ def store_kvcache_ref(
             the token (padded rows).
     """
     num_blocks, block_size = k_cache.shape[:2]
-    valid = slot_mapping >= 0
-    slots = slot_mapping[valid].long()
     k_flat = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
     v_flat = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
-    k_flat[slots] = key[valid].to(k_cache.dtype)
-    v_flat[slots] = value[valid].to(v_cache.dtype)
+    slots = slot_mapping.long()
+    if bool((slots < 0).any()):  # padded rows: drop them
+        valid = slots >= 0
+        slots, key, value = slots[valid], key[valid], value[valid]
+    k_flat.index_copy_(0, slots, key.to(k_cache.dtype))
+    v_flat.index_copy_(0, slots, value.to(v_cache.dtype))
 
 
 def gather_kv_ref(
