@@ -126,12 +126,14 @@ async def test_settlement_survives_a_second_cancellation(store):
     service = ChatService(ScriptedLLM(step_s=0.01), store)
     stream = service.run(_principal(tenant), "r1", [1], SimpleNamespace(max_tokens=50), None)
 
+    streaming = asyncio.Event()
+
     async def consume():
         async for _ in stream:
-            pass
+            streaming.set()
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(streaming.wait(), 10)
     task.cancel()
     await asyncio.sleep(0)
     task.cancel()  # a second cancel lands while settling
