@@ -16,6 +16,7 @@ vLLM names kept (meaning identical): ``vllm:time_to_first_token_seconds``,
 ``vllm:time_per_output_token_seconds``), ``vllm:e2e_request_latency_seconds``,
 ``vllm:request_queue_time_seconds``, ``vllm:prompt_tokens_total``,
 ``vllm:generation_tokens_total``, ``vllm:request_success_total``,
+``vllm:request_prompt_tokens``, ``vllm:request_generation_tokens`` (histograms),
 ``vllm:num_requests_running|waiting|swapped``, ``vllm:kv_cache_usage_perc`` (and the
 V0 alias ``vllm:gpu_cache_usage_perc``), ``vllm:num_preemptions_total``,
 ``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total`` (both in
@@ -47,6 +48,8 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
 
 class Metrics:
     """The gateway's metrics in a registry of their own (several apps may live in one process).
@@ -71,6 +74,10 @@ class Metrics:
                              m, buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
         self.queue = Histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled, s.",
                                m, buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.request_prompt = Histogram("vllm:request_prompt_tokens", "Prompt tokens per request.",
+                                        m, buckets=TOKEN_BUCKETS, registry=r)  # fmt: skip
+        self.request_generation = Histogram("vllm:request_generation_tokens", "Generated tokens per request.",
+                                            m, buckets=TOKEN_BUCKETS, registry=r)  # fmt: skip
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests.", m, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", m, registry=r)
         self.success = Counter("vllm:request_success", "Finished requests by finish reason.",
@@ -278,6 +285,8 @@ class _RequestTracker:
             m.e2e.labels(label).observe(finished - arrival)
             if scheduled is not None:
                 m.queue.labels(label).observe(scheduled - arrival)
+        m.request_prompt.labels(label).observe(self.num_prompt_tokens)
+        m.request_generation.labels(label).observe(self.num_tokens)
         m.prompt_tokens.labels(label).inc(self.num_prompt_tokens)
         m.generation_tokens.labels(label).inc(self.num_tokens)
         m.success.labels(label, reason).inc()

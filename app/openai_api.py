@@ -42,7 +42,7 @@ from starlette.routing import Route
 
 from app.chat_service import ChatService, PriorityNotAllowedError, QuotaExceededError
 from app.logging_setup import bind_request_id
-from app.openai_protocol import ChatCompletionRequest, CompletionRequest, error_body, now_s, usage
+from app.openai_protocol import ChatCompletionRequest, CompletionRequest, ResponseFormatter, error_body, now_s
 from engine import InvalidRequestError, SamplingParams
 from tenancy.errors import StoreUnavailableError
 
@@ -141,7 +141,7 @@ async def _serve(request: Request, principal: Any, body: Any, prompt_ids: list[i
         if isinstance(exc, Exception):
             raise _api_error(exc) from None
         raise
-    fmt = _Formatter(request_id, state.llm.model_name, len(prompt_ids), chat)
+    fmt = ResponseFormatter(request_id, state.llm.model_name, len(prompt_ids), chat)
     headers = {"x-request-id": request_id}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -330,7 +330,7 @@ async def _until_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     return task.result()
 
 
-async def _sse(fmt: _Formatter, first: Any, stream: AsyncIterator[Any], include_usage: bool) -> AsyncIterator[str]:
+async def _sse(fmt: ResponseFormatter, first: Any, stream: AsyncIterator[Any], include_usage: bool) -> AsyncIterator[str]:
     """Server-sent events: role chunk, content chunks, finish chunk, usage chunk, ``[DONE]``.
 
     Starlette cancels this generator when the client disconnects; closing the
@@ -359,46 +359,3 @@ async def _sse(fmt: _Formatter, first: Any, stream: AsyncIterator[Any], include_
         # Shielded: Starlette cancels this generator's scope on disconnect, and the
         # close (engine abort, quota settlement) must run to its end regardless.
         await asyncio.shield(asyncio.ensure_future(stream.aclose()))
-
-
-class _Formatter:
-    """OpenAI's JSON for one request: chunks while streaming, one object otherwise."""
-
-    def __init__(self, request_id: str, model: str, num_prompt_tokens: int, chat: bool) -> None:
-        self.id, self.model, self.num_prompt_tokens, self.chat = request_id, model, num_prompt_tokens, chat
-        self.created = now_s()
-        self.object = "chat.completion" if chat else "text_completion"
-
-    @staticmethod
-    def event(obj: dict) -> str:
-        return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-    def _head(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-    def chunk(self, delta: dict | str, finish_reason: str | None, include_usage: bool) -> dict:
-        if self.chat:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            out = {**self._head("chat.completion.chunk"), "choices": [choice]}
-        else:
-            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish_reason}
-            out = {**self._head("text_completion"), "choices": [choice]}
-        if include_usage:
-            out["usage"] = None
-        return out
-
-    def usage_chunk(self, last: Any) -> dict:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._head(obj), "choices": [], "usage": self._usage(last)}
-
-    def _usage(self, last: Any) -> dict:
-        return usage(self.num_prompt_tokens, len(last.outputs[0].token_ids) if last is not None else 0)
-
-    def whole(self, last: Any) -> dict:
-        completion = last.outputs[0]
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": completion.text},
-                      "logprobs": None, "finish_reason": completion.finish_reason}  # fmt: skip
-        else:
-            choice = {"index": 0, "text": completion.text, "logprobs": None, "finish_reason": completion.finish_reason}
-        return {**self._head(self.object), "choices": [choice], "usage": self._usage(last)}

@@ -10,6 +10,7 @@ silently ignored; unknown fields are ignored, as OpenAI does.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated, Any, Literal, Union
 
@@ -174,3 +175,46 @@ def now_s() -> int:
 def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
     """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class ResponseFormatter:
+    """OpenAI's JSON for one request: chunks while streaming, one object otherwise."""
+
+    def __init__(self, request_id: str, model: str, num_prompt_tokens: int, chat: bool) -> None:
+        self.id, self.model, self.num_prompt_tokens, self.chat = request_id, model, num_prompt_tokens, chat
+        self.created = now_s()
+        self.object = "chat.completion" if chat else "text_completion"
+
+    @staticmethod
+    def event(obj: dict) -> str:
+        return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def chunk(self, delta: dict | str, finish_reason: str | None, include_usage: bool) -> dict:
+        if self.chat:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            out = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        else:
+            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish_reason}
+            out = {**self._head("text_completion"), "choices": [choice]}
+        if include_usage:
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self, last: Any) -> dict:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._head(obj), "choices": [], "usage": self._usage(last)}
+
+    def _usage(self, last: Any) -> dict:
+        return usage(self.num_prompt_tokens, len(last.outputs[0].token_ids) if last is not None else 0)
+
+    def whole(self, last: Any) -> dict:
+        completion = last.outputs[0]
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": completion.text},
+                      "logprobs": None, "finish_reason": completion.finish_reason}  # fmt: skip
+        else:
+            choice = {"index": 0, "text": completion.text, "logprobs": None, "finish_reason": completion.finish_reason}
+        return {**self._head(self.object), "choices": [choice], "usage": self._usage(last)}

@@ -17,7 +17,8 @@ VLLM_NAMES = {
     "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:prompt_tokens",
     "vllm:generation_tokens", "vllm:request_success", "vllm:num_requests_running", "vllm:num_requests_waiting",
     "vllm:num_requests_swapped", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:num_preemptions",
-    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
+    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
 }  # fmt: skip
 CHATGATE_NAMES = {"chatgate:tenant_prompt_tokens", "chatgate:tenant_generation_tokens", "chatgate:quota_refusals"}
 
@@ -106,6 +107,7 @@ def test_counters_move_as_requests_run(server: GatewayServer):
     assert delta("vllm:e2e_request_latency_seconds_count", **model) == 2
     assert delta("vllm:inter_token_latency_seconds_count", **model) == generated - 2
     assert delta("vllm:request_success_total", finished_reason="length", **model) == 2
+    assert delta("vllm:request_generation_tokens_sum", **model) == generated
     # Per tenant, by name, whichever transport (the WebSocket tenant is named at scrape time).
     assert delta("chatgate:tenant_generation_tokens_total", tenant="alpha") == usage["completion_tokens"]
     assert delta("chatgate:tenant_prompt_tokens_total", tenant="local") == done["usage"]["prompt_tokens"]
