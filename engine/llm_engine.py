@@ -18,7 +18,8 @@ from engine.block_manager import BlockManager
 from engine.config import ModelConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError
-from engine.model_runner import ModelRunner, kv_bytes_per_block
+from engine.dummy_models import build_dummy_model
+from engine.model_runner import ModelRunner, compile_layers, kv_bytes_per_block
 from engine.models.llama import LlamaForCausalLM
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.policy import make_policy
@@ -60,6 +61,8 @@ class EngineConfig:
         swap_space_gb: CPU swap pool for preempted requests' blocks (pinned on
             GPU), at most four times the GPU pool's block count.
         preemption_mode: ``swap``, ``recompute`` or ``auto`` (cost model per victim).
+        cuda_graphs: replay CUDA graphs for decode-only steps (CUDA devices only).
+        compile_model: ``torch.compile`` each decoder layer (attention stays the backend's).
     """
 
     block_size: int = 16
@@ -73,12 +76,14 @@ class EngineConfig:
     device: str = "cpu"
     seed: int = 0
     attention_backend: str = "auto"
-    scheduling_policy: str = "fcfs"
+    scheduling_policy: str = "priority-fair"
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     shared_prefix_cache: bool = False
     swap_space_gb: float = 1.0
     preemption_mode: str = "auto"
+    cuda_graphs: bool = True
+    compile_model: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -98,7 +103,8 @@ class LLMEngine:
 
     Args:
         model_config: the model's shape.
-        state_dict: Hugging Face-named weights.
+        state_dict: Hugging Face-named weights, or None for random ("dummy") weights
+            drawn directly on the device (``engine.dummy_models``; for benchmarks).
         tokenizer: a Hugging Face tokenizer, or None (then outputs carry ids only).
         config: engine options.
         model_name: reported in stats.
@@ -111,7 +117,7 @@ class LLMEngine:
     def __init__(
         self,
         model_config: ModelConfig,
-        state_dict: dict[str, torch.Tensor],
+        state_dict: dict[str, torch.Tensor] | None,
         tokenizer=None,
         config: EngineConfig = EngineConfig(),
         model_name: str = "model",
@@ -130,9 +136,12 @@ class LLMEngine:
                 f"{model_config.max_position_embeddings} positions"
             )
         torch.manual_seed(config.seed)
-        model = LlamaForCausalLM(model_config)
-        model.load_hf_state_dict(state_dict)
-        model = model.to(device=self.device, dtype=config.torch_dtype).eval()
+        if state_dict is None:
+            model = build_dummy_model(model_config, self.device, config.torch_dtype, config.seed)
+        else:
+            model = LlamaForCausalLM(model_config)
+            model.load_hf_state_dict(state_dict)
+            model = model.to(device=self.device, dtype=config.torch_dtype).eval()
         num_blocks = config.num_gpu_blocks or self._auto_num_blocks(model_config)
         block_bytes = kv_bytes_per_block(model_config, config.block_size, config.torch_dtype)
         # More than a few GPU pools' worth of swap space is never used (swapped
@@ -149,7 +158,11 @@ class LLMEngine:
             self.cost_model,
         )
         backend = make_attention_backend(config.attention_backend, self.device)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, backend, num_cpu_blocks)
+        if config.compile_model:
+            compile_layers(model, backend)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, backend, num_cpu_blocks,
+                                  max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+                                  cuda_graphs=config.cuda_graphs)
         if num_cpu_blocks:
             self.cost_model.copy_bandwidth = self._measure_copy_bandwidth()
         generator = torch.Generator().manual_seed(config.seed)

@@ -1,15 +1,22 @@
 """Scheduling policies: pure objects that order the queues; the scheduler keeps the mechanics.
 
-A policy answers two questions and touches no tensors:
+A policy answers, without touching tensors:
 - in which order waiting requests are admitted (``admission_order``);
-- which running request is preempted when KV blocks run out (``choose_victim``).
+- which running request is preempted when KV blocks run out (``choose_victim``);
+- whether a waiting request may preempt a running one to get in (``outranks``);
+and it is told when requests arrive, run tokens and finish, to keep its counters.
+
+Priorities are integers, lower is more urgent (``PRIORITY_CLASSES``).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Iterable, Protocol
 
 from engine.request import Request
+
+PRIORITY_CLASSES = {"interactive": 0, "standard": 1, "batch": 2}
 
 
 class SchedulingPolicy(Protocol):
@@ -18,18 +25,24 @@ class SchedulingPolicy(Protocol):
     def admission_order(self, waiting: Iterable[Request], now: float) -> list[Request]:
         """Waiting requests, most deserving first."""
 
-    def choose_victim(self, candidates: list[Request]) -> Request:
+    def choose_victim(self, candidates: list[Request], now: float) -> Request:
         """The request to preempt among ``candidates`` (non-empty)."""
 
+    def outranks(self, request: Request, running: Request, now: float) -> bool:
+        """Whether waiting ``request`` may preempt ``running`` to be admitted."""
+
+    def on_arrival(self, request: Request) -> None: ...
+
     def on_scheduled(self, request: Request, num_new_tokens: int) -> None:
-        """Bookkeeping hook: ``request`` computes ``num_new_tokens`` tokens this step."""
+        """``request`` computes ``num_new_tokens`` tokens this step (before its counter moves)."""
+
+    def on_finished(self, request: Request) -> None: ...
 
 
 class FCFSPolicy:
     """First come, first served: admit by arrival time; preempt the latest arrival.
 
-    Priorities are ignored, which makes this the baseline for the priority and
-    fairness policies.
+    Priorities and tenants are ignored: the baseline for the other policies.
     """
 
     name = "fcfs"
@@ -37,41 +50,147 @@ class FCFSPolicy:
     def admission_order(self, waiting: Iterable[Request], now: float) -> list[Request]:
         return sorted(waiting, key=lambda r: r.arrival_time)
 
-    def choose_victim(self, candidates: list[Request]) -> Request:
+    def choose_victim(self, candidates: list[Request], now: float) -> Request:
         return max(candidates, key=lambda r: r.arrival_time)
 
+    def outranks(self, request: Request, running: Request, now: float) -> bool:
+        return False
+
+    def on_arrival(self, request: Request) -> None:
+        pass
+
     def on_scheduled(self, request: Request, num_new_tokens: int) -> None:
         pass
 
+    def on_finished(self, request: Request) -> None:
+        pass
 
-class PriorityPolicy:
-    """Strict priority (lower value first), FCFS inside a class.
 
-    The victim is the lowest-priority request, the latest arrival among equals.
+class PriorityFairPolicy:
+    """Strict priority classes with aging, and tenant fairness inside a class.
+
+    Between classes: a more urgent class is admitted first and may preempt a less
+    urgent running request (at the block limit and at the sequence limit). Aging:
+    a waiting request's effective class improves by one for every ``aging_s``
+    seconds it has waited, so no class starves forever.
+
+    Inside a class: the Virtual Token Counter of Sheng et al., "Fairness in
+    Serving Large Language Models" (OSDI 2024). Each tenant's counter grows by
+    ``(w_in * input tokens + w_out * output tokens) / weight`` as its tokens are
+    computed (recomputation after a preemption is not charged again); the
+    backlogged tenant with the lowest counter is admitted first. When a tenant
+    becomes backlogged its counter is lifted to the lowest counter among
+    backlogged tenants (to the highest counter when none is), so idle time is
+    not banked. The preemption victim is the least urgent class's most-served
+    tenant's latest request.
+
+    Args:
+        aging_s: seconds of waiting per class of promotion; ``None`` disables aging.
+        w_in, w_out: costs of an input and an output token (the paper's default
+            weighs output tokens more since they cost a step each).
+        fair: use the counters inside a class (False: FCFS inside a class).
     """
 
-    name = "priority"
+    name = "priority-fair"
 
-    def admission_order(self, waiting: Iterable[Request], now: float) -> list[Request]:
-        return sorted(waiting, key=lambda r: (r.priority, r.arrival_time))
+    def __init__(self, aging_s: float | None = 30.0, w_in: float = 1.0, w_out: float = 2.0, fair: bool = True) -> None:
+        if aging_s is not None and aging_s <= 0:
+            raise ValueError(f"aging_s must be > 0 or None, got {aging_s}")
+        self.aging_s = aging_s
+        self.w_in, self.w_out = w_in, w_out
+        self.fair = fair
+        self.counters: dict[str | None, float] = defaultdict(float)
+        self.active: dict[str | None, int] = defaultdict(int)  # unfinished requests per tenant
+        self._charged: dict[str, int] = {}  # request id -> tokens already charged
 
-    def choose_victim(self, candidates: list[Request]) -> Request:
-        return max(candidates, key=lambda r: (r.priority, r.arrival_time))
+    # -- classes ----------------------------------------------------------------
+    def effective_class(self, request: Request, now: float) -> int:
+        if self.aging_s is None:
+            return request.priority
+        return max(0, request.priority - int((now - request.arrival_time) // self.aging_s))
+
+    def outranks(self, request: Request, running: Request, now: float) -> bool:
+        return self.effective_class(request, now) < running.priority
+
+    # -- counters ---------------------------------------------------------------
+    def on_arrival(self, request: Request) -> None:
+        tenant = request.tenant_id
+        if self.active[tenant] == 0:  # becomes backlogged: lift, so idle time is not banked
+            backlogged = [self.counters[t] for t, n in self.active.items() if n > 0]
+            floor = min(backlogged) if backlogged else max(self.counters.values(), default=0.0)
+            self.counters[tenant] = max(self.counters[tenant], floor)
+        self.active[tenant] += 1
 
     def on_scheduled(self, request: Request, num_new_tokens: int) -> None:
-        pass
+        start = self._charged.get(request.request_id, 0)
+        end = request.num_computed_tokens + num_new_tokens
+        if end <= start:
+            return  # recomputing what was already charged
+        prompt = request.num_prompt_tokens
+        n_in = max(0, min(end, prompt) - start)
+        n_out = (end - start) - n_in
+        self.counters[request.tenant_id] += (self.w_in * n_in + self.w_out * n_out) / request.weight
+        self._charged[request.request_id] = end
+
+    def on_finished(self, request: Request) -> None:
+        self._charged.pop(request.request_id, None)
+        tenant = request.tenant_id
+        self.active[tenant] -= 1
+        if self.active[tenant] <= 0:
+            del self.active[tenant]
+
+    # -- orders -------------------------------------------------------------------
+    def admission_order(self, waiting: Iterable[Request], now: float) -> list[Request]:
+        by_class: dict[int, list[Request]] = defaultdict(list)
+        for r in waiting:
+            by_class[self.effective_class(r, now)].append(r)
+        order: list[Request] = []
+        for cls in sorted(by_class):
+            members = sorted(by_class[cls], key=lambda r: r.arrival_time)
+            order.extend(self._fair_order(members) if self.fair else members)
+        return order
+
+    def _fair_order(self, members: list[Request]) -> list[Request]:
+        """Interleave tenants by lowest (simulated) counter, FCFS within a tenant."""
+        queues: dict[str | None, list[Request]] = defaultdict(list)
+        for r in members:
+            queues[r.tenant_id].append(r)
+        sim = {t: self.counters[t] for t in queues}
+        order = []
+        while queues:
+            tenant = min(queues, key=lambda t: (sim[t], queues[t][0].arrival_time))
+            r = queues[tenant].pop(0)
+            order.append(r)
+            remaining = max(0, r.num_prompt_tokens - self._charged.get(r.request_id, 0))
+            sim[tenant] += self.w_in * remaining / r.weight
+            if not queues[tenant]:
+                del queues[tenant]
+        return order
+
+    def choose_victim(self, candidates: list[Request], now: float) -> Request:
+        return max(candidates, key=lambda r: (r.priority, self.counters[r.tenant_id], r.arrival_time))
 
 
-POLICIES = {"fcfs": FCFSPolicy, "priority": PriorityPolicy}
+POLICIES = {
+    "fcfs": FCFSPolicy,
+    "priority": lambda: PriorityFairPolicy(fair=False),
+    "fair": lambda: PriorityFairPolicy(aging_s=None),
+    "priority-fair": PriorityFairPolicy,
+}
 
 
-def make_policy(name: str) -> SchedulingPolicy:
-    """Build a policy by name.
+def make_policy(name: str, **options) -> SchedulingPolicy:
+    """Build a policy by name: ``fcfs``, ``priority`` (classes, FCFS inside),
+    ``fair`` (VTC only), ``priority-fair`` (the default: classes with VTC inside).
 
     Raises:
-        ValueError: unknown name.
+        ValueError: unknown name or bad option.
     """
-    try:
-        return POLICIES[name]()
-    except KeyError:
-        raise ValueError(f"unknown scheduling policy {name!r}; choose one of {sorted(POLICIES)}") from None
+    if name not in POLICIES:
+        raise ValueError(f"unknown scheduling policy {name!r}; choose one of {sorted(POLICIES)}")
+    if options:
+        if name == "fcfs":
+            raise ValueError("fcfs takes no options")
+        base = {"priority": {"fair": False}, "fair": {"aging_s": None}}.get(name, {})
+        return PriorityFairPolicy(**{**base, **options})
+    return POLICIES[name]()

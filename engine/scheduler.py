@@ -121,6 +121,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
+        self.policy.on_arrival(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -130,6 +131,7 @@ class Scheduler:
         for queue in (self.running, self.waiting, self.swapped):
             if request in queue:
                 queue.remove(request)
+                self.policy.on_finished(request)
                 break
         self._skips.pop(id(request), None)
         self.block_manager.free(request)
@@ -157,8 +159,9 @@ class Scheduler:
         # A preemption means the pool is full: bringing anything in would thrash.
         if not out.preempted:
             budget = self._resume_swapped(budget, scheduled, out)
-        if not out.preempted and not self.swapped:  # swapped requests resume before new ones
-            self._admit_waiting(budget, scheduled)
+        if not out.preempted:
+            # Swapped requests resume before new ones, unless a new one outranks them all.
+            self._admit_waiting(budget, scheduled, out, blockers=list(self.swapped))
 
         for plan in scheduled.values():
             self.policy.on_scheduled(plan.request, plan.num_new_tokens)
@@ -183,16 +186,31 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _admit_waiting(self, budget: int, scheduled: dict) -> None:
+    def _admit_waiting(self, budget: int, scheduled: dict, out: SchedulerOutput, blockers: list[Request]) -> None:
         bm = self.block_manager
         now = time.monotonic()
         for request in self.policy.admission_order(self.waiting, now):
-            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+            if budget <= 0:
                 break
+            if blockers and not all(self.policy.outranks(request, b, now) for b in blockers):
+                continue
+            if len(self.running) >= self.config.max_num_seqs:
+                # At the sequence limit only a more urgent request gets in, by preemption.
+                returned = self._preempt_for(request, scheduled, out, now)
+                if returned is None:
+                    break
+                budget += returned
             hit = bm.match_prefix(request)
             remaining = request.num_tokens - request.num_computed_tokens
             n = min(remaining, budget)
-            fits = (n == remaining or self.config.enable_chunked_prefill) and bm.allocate_slots(request, n)
+            chunk_ok = n == remaining or self.config.enable_chunked_prefill
+            fits = chunk_ok and bm.allocate_slots(request, n)
+            while chunk_ok and not fits:  # blocks short: preempt less urgent requests, if any
+                returned = self._preempt_for(request, scheduled, out, now)
+                if returned is None:
+                    break
+                budget += returned
+                fits = bm.allocate_slots(request, n)
             if not fits:
                 bm.free(request)  # undo the prefix match; the hit blocks stay cached
                 request.num_computed_tokens = 0
@@ -208,6 +226,24 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             scheduled[id(request)] = ScheduledRequest(request, n)
             budget -= n
+
+    def _preempt_for(self, request: Request, scheduled: dict, out: SchedulerOutput, now: float) -> int | None:
+        """Preempt one running request that waiting ``request`` outranks.
+
+        Returns:
+            the budget the victim's withdrawn plan gives back, or None if no
+            running request is outranked.
+        """
+        candidates = [
+            r for r in self.running
+            if r.status == RequestStatus.RUNNING and self.policy.outranks(request, r, now)
+        ]
+        if not candidates:
+            return None
+        victim = self.policy.choose_victim(candidates, now)
+        plan = scheduled.pop(id(victim), None)
+        self._preempt(victim, out)
+        return plan.num_new_tokens if plan is not None else 0
 
     def _allocate_or_preempt(
         self,
@@ -226,7 +262,7 @@ class Scheduler:
         returned = 0
         while not self.block_manager.allocate_slots(request, n):
             candidates = [r for r in self.running if r.status == RequestStatus.RUNNING]
-            victim = self.policy.choose_victim(candidates)
+            victim = self.policy.choose_victim(candidates, time.monotonic())
             plan = scheduled.pop(id(victim), None)
             if plan is not None:
                 returned += plan.num_new_tokens

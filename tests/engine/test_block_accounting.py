@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.block_manager import BlockManager, block_key
-from engine.policy import FCFSPolicy
+from engine.policy import make_policy
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
@@ -53,10 +53,10 @@ def _check_cache(bm: BlockManager) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, num_blocks=st.integers(3, 24), num_cpu_blocks=st.integers(0, 12),
        block_size=st.sampled_from([1, 2, 4, 16]), budget=st.integers(1, 64), max_seqs=st.integers(1, 6),
-       mode=st.sampled_from(["swap", "recompute", "auto"]))
-def test_random_operations_leave_every_block_free(ops, num_blocks, num_cpu_blocks, block_size, budget, max_seqs, mode):
+       mode=st.sampled_from(["swap", "recompute", "auto"]), policy=st.sampled_from(["fcfs", "priority-fair"]))
+def test_random_operations_leave_every_block_free(ops, num_blocks, num_cpu_blocks, block_size, budget, max_seqs, mode, policy):
     bm = BlockManager(num_blocks, block_size, num_cpu_blocks, enable_prefix_caching=True)
-    sched = Scheduler(SchedulerConfig(max_seqs, budget, preemption_mode=mode), bm, FCFSPolicy())
+    sched = Scheduler(SchedulerConfig(max_seqs, budget, preemption_mode=mode), bm, make_policy(policy))
     live: dict[str, Request] = {}
     next_id = 0
     for op, a, b, family in ops:
@@ -65,7 +65,8 @@ def test_random_operations_leave_every_block_free(ops, num_blocks, num_cpu_block
             if bm.blocks_needed(a + b) > num_blocks:
                 continue
             prompt = [family * 1000 + i for i in range(a)]  # same family -> shared prefix
-            r = Request(str(next_id), prompt, SamplingParams(max_tokens=b, ignore_eos=True))
+            # Families double as priority classes (same tenant salt None, so prefixes are shared).
+            r = Request(str(next_id), prompt, SamplingParams(max_tokens=b, ignore_eos=True), priority=family)
             next_id += 1
             live[r.request_id] = r
             sched.add_request(r)
