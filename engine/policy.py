@@ -31,7 +31,8 @@ class SchedulingPolicy(Protocol):
     def outranks(self, request: Request, running: Request, now: float) -> bool:
         """Whether waiting ``request`` may preempt ``running`` to be admitted."""
 
-    def on_arrival(self, request: Request) -> None: ...
+    def on_arrival(self, request: Request, waiting: list[Request]) -> None:
+        """``request`` joins the waiting queue ``waiting`` (not yet in it)."""
 
     def on_scheduled(self, request: Request, num_new_tokens: int) -> None:
         """``request`` computes ``num_new_tokens`` tokens this step (before its counter moves)."""
@@ -56,7 +57,7 @@ class FCFSPolicy:
     def outranks(self, request: Request, running: Request, now: float) -> bool:
         return False
 
-    def on_arrival(self, request: Request) -> None:
+    def on_arrival(self, request: Request, waiting: list[Request]) -> None:
         pass
 
     def on_scheduled(self, request: Request, num_new_tokens: int) -> None:
@@ -79,9 +80,9 @@ class PriorityFairPolicy:
     ``(w_in * input tokens + w_out * output tokens) / weight`` as its tokens are
     computed (recomputation after a preemption is not charged again); the
     backlogged tenant with the lowest counter is admitted first. When a tenant
-    becomes backlogged its counter is lifted to the lowest counter among
-    backlogged tenants (to the highest counter when none is), so idle time is
-    not banked. The preemption victim is the least urgent class's most-served
+    becomes backlogged (it had no request waiting) its counter is lifted to the
+    lowest counter among backlogged tenants (when none is, to the highest counter
+    among tenants being served), so idle time is not banked. The preemption victim is the least urgent class's most-served
     tenant's latest request.
 
     Args:
@@ -110,14 +111,19 @@ class PriorityFairPolicy:
         return max(0, request.priority - int((now - request.arrival_time) // self.aging_s))
 
     def outranks(self, request: Request, running: Request, now: float) -> bool:
-        return self.effective_class(request, now) < running.priority
+        # Base classes only: aging reorders admission but never preempts, or an
+        # overloaded class would preempt its own running requests as they age.
+        return request.priority < running.priority
 
     # -- counters ---------------------------------------------------------------
-    def on_arrival(self, request: Request) -> None:
+    def on_arrival(self, request: Request, waiting: list[Request]) -> None:
         tenant = request.tenant_id
-        if self.active[tenant] == 0:  # becomes backlogged: lift, so idle time is not banked
-            backlogged = [self.counters[t] for t, n in self.active.items() if n > 0]
-            floor = min(backlogged) if backlogged else max(self.counters.values(), default=0.0)
+        backlogged = {r.tenant_id for r in waiting}  # the paper's backlog: requests in the queue
+        if tenant not in backlogged:  # becomes backlogged: lift, so idle time is not banked
+            if backlogged:
+                floor = min(self.counters[t] for t in backlogged)
+            else:  # empty queue: no credit over the tenants being served now
+                floor = max((self.counters[t] for t, n in self.active.items() if n > 0), default=0.0)
             self.counters[tenant] = max(self.counters[tenant], floor)
         self.active[tenant] += 1
 

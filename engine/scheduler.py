@@ -120,8 +120,8 @@ class Scheduler:
     # -- queue management -------------------------------------------------
     def add_request(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
+        self.policy.on_arrival(request, self.waiting)
         self.waiting.append(request)
-        self.policy.on_arrival(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)

@@ -160,7 +160,7 @@ def test_counter_lift_stops_banking_idle_time(lift):
         _step(sched)
     assert policy.counters["A"] > 100
     if not lift:  # what a policy without the lift would do: B keeps its idle-time credit
-        policy.on_arrival = lambda r, _orig=policy.on_arrival: (_orig(r), policy.counters.__setitem__("B", 0.0))
+        policy.on_arrival = lambda r, w, _orig=policy.on_arrival: (_orig(r, w), policy.counters.__setitem__("B", 0.0))
     for i in range(5):
         sched.add_request(_req(f"b{i}", tenant="B"))
     if lift:
