@@ -7,8 +7,9 @@ throughput (work conservation), and priority latencies.
 
 Modes:
 - ``sim`` (default): the real scheduler, block manager and policies, with a
-  model-less step (each step computes what the scheduler planned; one step is one
-  time unit). Deterministic; measures the policy, not the hardware.
+  model-less step (each step computes what the scheduler planned) and a virtual
+  clock (one step is one second; aging after 200 steps of class starvation).
+  Deterministic; measures the policy, not the hardware.
 - ``engine``: the real engine on the real stories260K model on this CPU; time is
   wall-clock seconds and service is counted from the tokens actually computed.
 
@@ -67,9 +68,12 @@ def poisson_arrivals(rng, tenant, rate, horizon, prompt=(24, 48), output=(16, 48
         out.append(Arrival(t, tenant, int(rng.integers(*prompt)), int(rng.integers(*output)), priority, weight))
 
 
-def simulate(arrivals: list[Arrival], policy_name: str, steps: int, max_seqs=16, budget=128, blocks=4096) -> Trace:
+def simulate(arrivals: list[Arrival], policy_name: str, steps: int, max_seqs=16, budget=128, blocks=4096,
+             aging_steps: float = 200.0) -> Trace:
     bm = BlockManager(blocks, 16, 0, enable_prefix_caching=False)
-    sched = Scheduler(SchedulerConfig(max_seqs, budget, preemption_mode="recompute"), bm, make_policy(policy_name))
+    policy = make_policy(policy_name) if policy_name == "fcfs" else make_policy(policy_name, aging_s=aging_steps)
+    clock = [0.0]  # virtual time: one step is one second
+    sched = Scheduler(SchedulerConfig(max_seqs, budget, preemption_mode="recompute"), bm, policy, clock=lambda: clock[0])
     pending = sorted(arrivals, key=lambda a: a.step)
     trace = Trace()
     tenants = sorted({a.tenant for a in arrivals})
@@ -77,12 +81,13 @@ def simulate(arrivals: list[Arrival], policy_name: str, steps: int, max_seqs=16,
     arrival_step: dict[str, float] = {}
     i = 0
     for step in range(steps):
+        clock[0] = float(step)
         while i < len(pending) and pending[i].step <= step:
             a = pending[i]
             rid = f"{a.tenant}-{i}"
             # arrival_time in "steps" keeps FCFS order and aging in the same unit
             r = Request(rid, [1] * a.prompt_len, SamplingParams(max_tokens=a.max_tokens, ignore_eos=True),
-                        tenant_id=a.tenant, priority=a.priority, weight=a.weight, arrival_time=time.monotonic() + a.step * 1e-6)
+                        tenant_id=a.tenant, priority=a.priority, weight=a.weight, arrival_time=a.step)
             arrival_step[rid] = a.step
             sched.add_request(r)
             i += 1

@@ -34,7 +34,7 @@ class SchedulingPolicy(Protocol):
     def on_arrival(self, request: Request, waiting: list[Request]) -> None:
         """``request`` joins the waiting queue ``waiting`` (not yet in it)."""
 
-    def on_scheduled(self, request: Request, num_new_tokens: int) -> None:
+    def on_scheduled(self, request: Request, num_new_tokens: int, now: float) -> None:
         """``request`` computes ``num_new_tokens`` tokens this step (before its counter moves)."""
 
     def on_finished(self, request: Request) -> None: ...
@@ -60,7 +60,7 @@ class FCFSPolicy:
     def on_arrival(self, request: Request, waiting: list[Request]) -> None:
         pass
 
-    def on_scheduled(self, request: Request, num_new_tokens: int) -> None:
+    def on_scheduled(self, request: Request, num_new_tokens: int, now: float) -> None:
         pass
 
     def on_finished(self, request: Request) -> None:
@@ -86,7 +86,8 @@ class PriorityFairPolicy:
     tenant's latest request.
 
     Args:
-        aging_s: seconds of waiting per class of promotion; ``None`` disables aging.
+        aging_s: seconds of class starvation per class of promotion; ``None``
+            disables aging.
         w_in, w_out: costs of an input and an output token (the paper's default
             weighs output tokens more since they cost a step each).
         fair: use the counters inside a class (False: FCFS inside a class).
@@ -103,12 +104,16 @@ class PriorityFairPolicy:
         self.counters: dict[str | None, float] = defaultdict(float)
         self.active: dict[str | None, int] = defaultdict(int)  # unfinished requests per tenant
         self._charged: dict[str, int] = {}  # request id -> tokens already charged
+        # class -> since when it has waited without an admission (its starvation clock)
+        self._starved_since: dict[int, float] = {}
 
     # -- classes ----------------------------------------------------------------
     def effective_class(self, request: Request, now: float) -> int:
-        if self.aging_s is None:
+        """The class a waiting request is ordered by (its own, less starvation promotions)."""
+        since = self._starved_since.get(request.priority)
+        if self.aging_s is None or since is None:
             return request.priority
-        return max(0, request.priority - int((now - request.arrival_time) // self.aging_s))
+        return max(0, request.priority - int((now - since) // self.aging_s))
 
     def outranks(self, request: Request, running: Request, now: float) -> bool:
         # Base classes only: aging reorders admission but never preempts, or an
@@ -117,6 +122,8 @@ class PriorityFairPolicy:
 
     # -- counters ---------------------------------------------------------------
     def on_arrival(self, request: Request, waiting: list[Request]) -> None:
+        if not any(r.priority == request.priority for r in waiting):
+            self._starved_since[request.priority] = request.arrival_time
         tenant = request.tenant_id
         backlogged = {r.tenant_id for r in waiting}  # the paper's backlog: requests in the queue
         if tenant not in backlogged:  # becomes backlogged: lift, so idle time is not banked
@@ -127,7 +134,9 @@ class PriorityFairPolicy:
             self.counters[tenant] = max(self.counters[tenant], floor)
         self.active[tenant] += 1
 
-    def on_scheduled(self, request: Request, num_new_tokens: int) -> None:
+    def on_scheduled(self, request: Request, num_new_tokens: int, now: float) -> None:
+        if request.request_id not in self._charged:  # admitted: its class is being served
+            self._starved_since[request.priority] = now
         start = self._charged.get(request.request_id, 0)
         end = request.num_computed_tokens + num_new_tokens
         if end <= start:

@@ -106,7 +106,9 @@ class Scheduler:
         block_manager: BlockManager,
         policy: SchedulingPolicy,
         cost_model: PreemptionCostModel | None = None,
+        clock=time.monotonic,
     ) -> None:
+        self.clock = clock  # seconds; simulations pass a virtual clock
         self.config = config
         self.block_manager = block_manager
         self.policy = policy
@@ -136,7 +138,7 @@ class Scheduler:
         self._skips.pop(id(request), None)
         self.block_manager.free(request)
         request.status = status
-        request.finished_time = time.monotonic()
+        request.finished_time = self.clock()
 
     # -- one step -----------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -163,14 +165,15 @@ class Scheduler:
             # Swapped requests resume before new ones, unless a new one outranks them all.
             self._admit_waiting(budget, scheduled, out, blockers=list(self.swapped))
 
+        now = self.clock()
         for plan in scheduled.values():
-            self.policy.on_scheduled(plan.request, plan.num_new_tokens)
+            self.policy.on_scheduled(plan.request, plan.num_new_tokens, now)
         out.scheduled = list(scheduled.values())
         return out
 
     def _resume_swapped(self, budget: int, scheduled: dict, out: SchedulerOutput) -> int:
         bm = self.block_manager
-        now = time.monotonic()
+        now = self.clock()
         for request in self.policy.admission_order(self.swapped, now):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
@@ -188,7 +191,7 @@ class Scheduler:
 
     def _admit_waiting(self, budget: int, scheduled: dict, out: SchedulerOutput, blockers: list[Request]) -> None:
         bm = self.block_manager
-        now = time.monotonic()
+        now = self.clock()
         for request in self.policy.admission_order(self.waiting, now):
             if budget <= 0:
                 break
@@ -262,7 +265,7 @@ class Scheduler:
         returned = 0
         while not self.block_manager.allocate_slots(request, n):
             candidates = [r for r in self.running if r.status == RequestStatus.RUNNING]
-            victim = self.policy.choose_victim(candidates, time.monotonic())
+            victim = self.policy.choose_victim(candidates, self.clock())
             plan = scheduled.pop(id(victim), None)
             if plan is not None:
                 returned += plan.num_new_tokens
