@@ -280,6 +280,7 @@ class StepTimer:
 
         engine.scheduler.schedule = timed("schedule", sch)
         engine.runner.execute = timed("execute", run)
+        self.sampler = smp
         engine.sampler = timed("sample", smp)
         engine.step = timed("step", stp)
 
@@ -350,11 +351,18 @@ def single_stream(engine: LLMEngine, n_out: int = 257, prompt_len: int = 128) ->
     prompt = rng.integers(1000, engine.model_config.vocab_size - 1000, size=prompt_len).tolist()
     engine.add_request("single", prompt, SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True))
     stamps = []
+    timer = StepTimer(engine)
     while engine.has_unfinished_requests():
         engine.step()
         stamps.append(time.perf_counter())
+    for key in ("scheduler", "runner"):
+        vars(getattr(engine, key)).pop("schedule" if key == "scheduler" else "execute", None)
+    vars(engine.runner).pop("_graph_step", None)
+    vars(engine).pop("step", None)
+    engine.sampler = timer.sampler
     gaps = np.diff(stamps[1:])  # decode steps only (the first step is the prefill)
-    return {"tokens": n_out, "ms_per_token_median": 1e3 * float(np.median(gaps)),
+    host = {f"host_{k}_ms_per_step": 1e3 * v / len(stamps) for k, v in timer.t.items()}
+    return host | {"tokens": n_out, "ms_per_token_median": 1e3 * float(np.median(gaps)),
             "ms_per_token_mean": 1e3 * float(np.mean(gaps)), "ms_per_token_p90": 1e3 * float(np.percentile(gaps, 90))}
 
 
@@ -405,7 +413,7 @@ def engine_section(label, cfg, device, args, prompts, outs, compile_model: bool,
     ec = EngineConfig(dtype=args.dtype, device=str(device), block_size=16, max_num_seqs=args.max_num_seqs,
                       max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                       gpu_memory_utilization=args.gpu_mem, enable_prefix_caching=False, swap_space_gb=1.0,
-                      cuda_graphs=device.type == "cuda", compile_model=compile_model, seed=0,
+                      cuda_graphs=device.type == "cuda", compile_model=compile_model and device.type == "cuda", seed=0,
                       num_gpu_blocks=args.num_gpu_blocks)
     engine = LLMEngine(cfg, None, None, ec, model_name=args.model)
     sync(device)
@@ -415,7 +423,7 @@ def engine_section(label, cfg, device, args, prompts, outs, compile_model: bool,
     r["roofline_ms"] = 1e3 * wb / copy_bw
     print(label, "engine up", json.dumps(r), flush=True)
     if engine.runner.graphs is not None:
-        r["replay_ms"] = replay_times(engine, [1, 8, 32, 64, 128, 256, 512])
+        r["replay_ms"] = replay_times(engine, [1, 8, 32, 64, 128, 256, 512, 1024])
         print(label, "replay", r["replay_ms"], flush=True)
     r["single"] = single_stream(engine)
     r["single"]["fraction_of_roofline"] = r["roofline_ms"] / r["single"]["ms_per_token_median"]

@@ -62,7 +62,8 @@ class EngineConfig:
             GPU), at most four times the GPU pool's block count.
         preemption_mode: ``swap``, ``recompute`` or ``auto`` (cost model per victim).
         cuda_graphs: replay CUDA graphs for decode-only steps (CUDA devices only).
-        compile_model: ``torch.compile`` each decoder layer (attention stays the backend's).
+        compile_model: ``torch.compile`` each decoder layer (attention stays the backend's);
+            None: on CUDA devices only (measured faster there: BENCHMARKS.md).
     """
 
     block_size: int = 16
@@ -83,7 +84,7 @@ class EngineConfig:
     swap_space_gb: float = 1.0
     preemption_mode: str = "auto"
     cuda_graphs: bool = True
-    compile_model: bool = False
+    compile_model: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -158,7 +159,7 @@ class LLMEngine:
             self.cost_model,
         )
         backend = make_attention_backend(config.attention_backend, self.device)
-        if config.compile_model:
+        if config.compile_model or (config.compile_model is None and self.device.type == "cuda"):
             compile_layers(model, backend)
         self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, backend, num_cpu_blocks,
                                   max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
