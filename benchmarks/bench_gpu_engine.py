@@ -265,6 +265,7 @@ class StepTimer:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.t = {"schedule": 0.0, "execute": 0.0, "sample": 0.0, "step": 0.0}
+        self.per_step: dict[str, list[float]] = {k: [] for k in self.t}
         self.steps = self.graph_steps = 0
         self.engine = engine
         sch, run, smp, stp = engine.scheduler.schedule, engine.runner.execute, engine.sampler, engine.step
@@ -275,6 +276,7 @@ class StepTimer:
                 t0 = time.perf_counter()
                 r = fn(*a, **k)
                 self.t[key] += time.perf_counter() - t0
+                self.per_step[key].append(time.perf_counter() - t0)
                 return r
             return w
 
@@ -361,7 +363,8 @@ def single_stream(engine: LLMEngine, n_out: int = 257, prompt_len: int = 128) ->
     vars(engine).pop("step", None)
     engine.sampler = timer.sampler
     gaps = np.diff(stamps[1:])  # decode steps only (the first step is the prefill)
-    host = {f"host_{k}_ms_per_step": 1e3 * v / len(stamps) for k, v in timer.t.items()}
+    # Medians over decode steps (the first step is the prefill).
+    host = {f"host_{k}_ms_median": 1e3 * float(np.median(v[1:])) for k, v in timer.per_step.items() if len(v) > 1}
     return host | {"tokens": n_out, "ms_per_token_median": 1e3 * float(np.median(gaps)),
             "ms_per_token_mean": 1e3 * float(np.mean(gaps)), "ms_per_token_p90": 1e3 * float(np.percentile(gaps, 90))}
 
@@ -400,6 +403,50 @@ def profile_eager_step(engine: LLMEngine, top: int = 12) -> dict:
             "table": prof.key_averages().table(sort_by="self_device_time_total", row_limit=25)[-6000:]}
 
 
+@torch.inference_mode()
+def gemm_batch1(cfg: ModelConfig, device, copies: int = 16) -> dict:
+    """ms and read bandwidth of each batch-1 projection (bf16 ``F.linear``, cuBLAS), rotating
+    ``copies`` weight copies so small ones are not served from L2; graph-replayed, per call.
+
+    Also the fused shapes (q|k|v, gate|up) the model does not use yet, to size that change.
+    """
+    h, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    shapes = {"q": (q, h), "k": (kv, h), "v": (kv, h), "o": (h, q), "gate": (f, h), "up": (f, h),
+              "down": (h, f), "qkv_fused": (q + 2 * kv, h), "gate_up_fused": (2 * f, h),
+              "lm_head": (cfg.vocab_size, h)}
+    out = {}
+    for name, (n, k) in shapes.items():
+        reps = copies if n * k * 2 < (1 << 28) else 2
+        ws = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(reps)]
+        x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
+        for w in ws:
+            torch.nn.functional.linear(x, w)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for w in ws:
+                torch.nn.functional.linear(x, w)
+        g.replay()
+        ts = []
+        for _ in range(10):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / reps)
+        ms = float(np.median(ts))
+        out[name] = {"ms": ms, "read_TBps": n * k * 2 / ms / 1e9}
+        del ws, g
+    L = cfg.num_hidden_layers
+    layer_now = sum(out[k]["ms"] for k in ("q", "k", "v", "o", "gate", "up", "down"))
+    layer_fused = sum(out[k]["ms"] for k in ("qkv_fused", "o", "gate_up_fused", "down"))
+    out["model_ms_separate"] = L * layer_now + out["lm_head"]["ms"]
+    out["model_ms_fused"] = L * layer_fused + out["lm_head"]["ms"]
+    return out
+
+
 def free(*objs) -> None:
     for o in objs:
         del o
@@ -430,13 +477,13 @@ def engine_section(label, cfg, device, args, prompts, outs, compile_model: bool,
     print(label, "single", r["single"], flush=True)
     RESULTS[label] = r
     save()
-    if args.profile and not compile_model:
+    if args.profile:
         try:
             r["profile_eager_b1"] = profile_eager_step(engine)
             print(label, "profile", json.dumps(r["profile_eager_b1"])[:1500], flush=True)
         except Exception as exc:
             r["profile_eager_b1"] = {"error": repr(exc)}
-    if prompts:
+    if prompts and "throughput" not in args.skip:
         r["throughput"] = run_throughput(engine, prompts, outs)
         print(label, "throughput", r["throughput"], flush=True)
     save()
@@ -504,6 +551,13 @@ def main() -> None:
         free()
         save()
 
+    if "gemm" not in skip and device.type == "cuda":
+        try:
+            RESULTS["gemm_batch1"] = gemm_batch1(cfg, device)
+        except Exception as exc:
+            RESULTS["gemm_error"] = f"{type(exc).__name__}: {exc}"
+        print("gemm batch 1", json.dumps(RESULTS.get("gemm_batch1") or RESULTS.get("gemm_error")), flush=True)
+        save()
     if "engine" not in skip:
         engine_section("engine", cfg, device, args, prompts, outs, False, bw)
     if "compile" not in skip:
@@ -551,6 +605,17 @@ def table() -> None:
             ratio = t["output_tok_s"] / hb["output_tok_s"] if "output_tok_s" in hb else float("nan")
             lines.append(f"{label}: {t['requests']} req {t['output_tok_s']:.0f} out tok/s ({t['seconds']:.1f} s, "
                          f"{t['steps']} steps, {t['graph_steps']} graph) = {ratio:.1f}x HF (floors 8x, 8000)")
+    gb = R.get("gemm_batch1")
+    if gb:
+        lines.append("batch-1 GEMMs (cuBLAS, ms @ TB/s read): " + ", ".join(
+            f"{k} {v['ms']:.3f}@{v['read_TBps']:.2f}" for k, v in gb.items() if isinstance(v, dict)))
+        lines.append(f"batch-1 GEMM sum: separate {gb['model_ms_separate']:.2f} ms, fused qkv/gate_up "
+                     f"{gb['model_ms_fused']:.2f} ms")
+    for label in ("engine", "engine_compiled"):
+        p = (R.get(label) or {}).get("profile_eager_b1")
+        if p and "gpu_us_total" in p:
+            lines.append(f"{label} eager batch-1 step profile: {p['gpu_us_total'] / 1e3:.2f} ms GPU in {p['kernels']} "
+                         f"kernels, GEMM {p['gemm_us'] / 1e3:.2f} ms")
     print("\n".join(lines), flush=True)
     R["table"] = lines
     save()
