@@ -362,8 +362,10 @@ class LLMEngine:
             prompt_token_ids=request.prompt_token_ids,
             outputs=[completion],
             finished=finished,
-            metrics=RequestMetrics(request.arrival_time, request.first_token_time, request.finished_time),
+            metrics=RequestMetrics(request.arrival_time, request.first_token_time, request.finished_time,
+                                   request.first_scheduled_time),
             error=error,
+            num_cached_tokens=request.num_cached_tokens,
         )
 
     # -- introspection -------------------------------------------------------------

@@ -36,6 +36,12 @@ class RequestMetrics:
     arrival_time: float
     first_token_time: float | None = None
     finished_time: float | None = None
+    first_scheduled_time: float | None = None
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds from arrival to first admission."""
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
 
     @property
     def ttft(self) -> float | None:
@@ -52,3 +58,4 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     error: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens that were prefix-cache hits

@@ -71,6 +71,8 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     stop_reason: int | str | None = None
+    first_scheduled_time: float | None = None  # first admission: queue time ends here
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     first_token_time: float | None = None
     finished_time: float | None = None
     generator: torch.Generator | None = field(default=None, repr=False)

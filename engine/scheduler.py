@@ -223,6 +223,9 @@ class Scheduler:
                     break  # it has waited long enough: nothing more overtakes it
                 continue
             bm.record_prefix_query(request.num_tokens, hit)
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+                request.num_cached_tokens = hit
             self._skips.pop(id(request), None)
             self.waiting.remove(request)
             self.running.append(request)

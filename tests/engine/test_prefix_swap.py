@@ -155,3 +155,15 @@ def test_small_request_is_not_held_back_by_a_large_one(setup):
     while engine.has_unfinished_requests():
         finished += [o.request_id for o in engine.step() if o.finished]
     assert set(finished) == {"small", "big-running", "large"}
+
+
+def test_outputs_report_cached_tokens_and_queue_time(setup):
+    hf, prompts, _ = setup
+    llm = LLM.from_engine(engine_for(hf, num_gpu_blocks=64, block_size=4))
+    first = llm.generate([prompts[0]], GREEDY)[0]
+    second = llm.generate([prompts[1]], GREEDY)[0]
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens == 36  # the system prompt's nine full blocks
+    for out in (first, second):
+        m = out.metrics
+        assert m.queue_time is not None and 0 <= m.queue_time <= m.ttft
