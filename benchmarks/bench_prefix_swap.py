@@ -180,6 +180,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--swap-space-gb", type=float, default=1.0)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (faster start-up)")
+    ap.add_argument("--only", default="shared_prefix,memory_pressure,chunked_prefill", help="workloads to run")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     BASE.update(device=args.device, dtype=args.dtype, swap_space_gb=args.swap_space_gb)
@@ -194,23 +195,32 @@ def main() -> None:
 
         loaded = load_model("smollm2-135m-instruct")
     n_p, p_len, o_len = (int(x) for x in args.pressure.split(","))
-    result = {
-        "date": time.strftime("%Y-%m-%d"), "model": f"{args.dummy or 'smollm2-135m-instruct'} {args.dtype} {args.device}",
-        "shared_prefix": shared_prefix(loaded, args.prefix_requests, args.prefix_len, args.question_len, rng),
-        "memory_pressure": memory_pressure(loaded, n_p, p_len, o_len, rng),
-        "chunked_prefill": chunked_prefill(loaded, 8, args.long_len, 3, rng),
+    workloads = {
+        "shared_prefix": lambda: shared_prefix(loaded, args.prefix_requests, args.prefix_len, args.question_len, rng),
+        "memory_pressure": lambda: memory_pressure(loaded, n_p, p_len, o_len, rng),
+        "chunked_prefill": lambda: chunked_prefill(loaded, 8, args.long_len, 3, rng),
     }
+    result = {"date": time.strftime("%Y-%m-%d"), "model": f"{args.dummy or 'smollm2-135m-instruct'} {args.dtype} {args.device}"}
+    for name in args.only.split(","):
+        result[name] = workloads[name]()
     Path(args.out).write_text(json.dumps(result, indent=2))
-    sp, mp, cp = result["shared_prefix"], result["memory_pressure"], result["chunked_prefill"]
-    print(f"shared prefix ({args.prefix_requests} x {args.prefix_len}+{args.question_len}): TTFT p50 off {sp['cache_off']['ttft_p50_s']*1000:.0f} ms, "
+    report(result, args)
+
+
+def report(result: dict, args) -> None:
+    if "shared_prefix" in result:
+        sp = result["shared_prefix"]
+        print(f"shared prefix ({args.prefix_requests} x {args.prefix_len}+{args.question_len}): TTFT p50 off {sp['cache_off']['ttft_p50_s']*1000:.0f} ms, "
           f"on {sp['cache_on']['ttft_p50_s']*1000:.0f} ms ({sp['ttft_speedup']:.1f}x); out tok/s off "
           f"{sp['cache_off']['output_tok_per_s']:.1f}, on {sp['cache_on']['output_tok_per_s']:.1f}; hit rate {sp['cache_on']['hit_rate']:.2f}")
-    for mode in ("recompute", "swap", "auto"):
-        r = mp[mode]
-        print(f"memory pressure {mode:<9}: {r['output_tok_per_s']:.1f} out tok/s, {r['preemptions']} preemptions, {r['swapped_out_blocks']} blocks swapped out")
-    print(f"swap copy {mp['swap_bandwidth_GBps']:.2f} GB/s vs plain copy {mp['plain_copy_GBps']:.2f} GB/s ({mp['swap_fraction_of_copy']:.0%})")
-    for k in ("chunked_off", "chunked_on"):
-        r = cp[k]
+    if "memory_pressure" in result:
+        mp = result["memory_pressure"]
+        for mode in ("recompute", "swap", "auto"):
+            r = mp[mode]
+            print(f"memory pressure {mode:<9}: {r['output_tok_per_s']:.1f} out tok/s, {r['preemptions']} preemptions, {r['swapped_out_blocks']} blocks swapped out")
+        print(f"swap copy {mp['swap_bandwidth_GBps']:.2f} GB/s vs plain copy {mp['plain_copy_GBps']:.2f} GB/s ({mp['swap_fraction_of_copy']:.0%})")
+    for k in ("chunked_off", "chunked_on") if "chunked_prefill" in result else ():
+        r = result["chunked_prefill"][k]
         print(f"{k:<12} (budget {r['budget']}): ITL p50 {r['itl_p50_ms']:.0f} ms, p99 {r['itl_p99_ms']:.0f} ms, max {r['itl_max_ms']:.0f} ms")
 
 

@@ -22,14 +22,16 @@ from engine.models.llama import LlamaForCausalLM
 from engine.scheduler import ScheduledRequest
 
 
-def _copy_blocks_fn(device: torch.device):
-    if device.type == "cuda":
-        from kernels.copy_blocks import copy_blocks
-
-        return copy_blocks
-    from kernels.reference import copy_blocks_ref
-
-    return copy_blocks_ref
+def _runs(ids: list[int]) -> list[tuple[int, int, int]]:
+    """``(first_id, offset, length)`` of each run of consecutive ids, in the list's order."""
+    runs: list[tuple[int, int, int]] = []
+    for offset, block_id in enumerate(ids):
+        if runs and block_id == runs[-1][0] + runs[-1][2] and offset == runs[-1][1] + runs[-1][2]:
+            first, start, length = runs[-1]
+            runs[-1] = (first, start, length + 1)
+        else:
+            runs.append((block_id, offset, 1))
+    return runs
 
 
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -125,16 +127,15 @@ class ModelRunner:
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(self.config.num_hidden_layers)
         ]
-        # The swap pool, pinned when the device is a GPU so copies run on the DMA engines.
-        # Uninitialised on purpose: a CPU block is only ever read after a swap-out
-        # wrote all of it, and untouched pages cost no memory on the CPU.
+        # The swap pool, block-major across layers: (num_cpu_blocks, layers, 2, block_size,
+        # H_kv, D), so a run of consecutive CPU blocks is one contiguous region and a
+        # step's swap crosses PCIe as one DMA per run, whatever the layer count. Pinned
+        # when the device is a GPU so copies run on the DMA engines. Uninitialised on
+        # purpose: a CPU block is only ever read after a swap-out wrote all of it.
         pin = device.type == "cuda"
-        self.cpu_kv_caches = [
-            (torch.empty((num_cpu_blocks, *shape[1:]), dtype=dtype, pin_memory=pin),
-             torch.empty((num_cpu_blocks, *shape[1:]), dtype=dtype, pin_memory=pin))
-            for _ in range(self.config.num_hidden_layers)
-        ]
-        self._copy_blocks = _copy_blocks_fn(device)
+        self.cpu_kv_pool = torch.empty(
+            (num_cpu_blocks, self.config.num_hidden_layers, 2, *shape[1:]), dtype=dtype, pin_memory=pin
+        )
         self.staging = _Staging(device)
         max_model_len = max_model_len or self.config.max_position_embeddings
         self.max_blocks_per_seq = -(-max_model_len // block_size)
@@ -145,18 +146,32 @@ class ModelRunner:
             self.graphs.capture()
 
     def swap(self, blocks_to_swap_out: list[tuple[int, int]], blocks_to_swap_in: list[tuple[int, int]]) -> None:
-        """Copy blocks GPU -> CPU pool, then CPU pool -> GPU; one batched copy per layer and direction."""
-        for mapping, out in ((blocks_to_swap_out, True), (blocks_to_swap_in, False)):
-            if not mapping:
-                continue
-            m = torch.tensor(mapping, dtype=torch.int64)
-            for (gk, gv), (ck, cv) in zip(self.kv_caches, self.cpu_kv_caches):
-                if out:
-                    self._copy_blocks(gk, ck, m)
-                    self._copy_blocks(gv, cv, m)
-                else:
-                    self._copy_blocks(ck, gk, m)
-                    self._copy_blocks(cv, gv, m)
+        """Copy blocks GPU -> CPU pool, then CPU pool -> GPU.
+
+        Swap out gathers every layer's K and V of the moving blocks into one
+        device staging tensor ``(n, layers, 2, block_size, H_kv, D)`` and moves it
+        with one copy per run of consecutive CPU block ids; swap in is the mirror
+        image. All copies are ordered on the current stream, so the freed GPU
+        blocks are not overwritten before their bytes have left.
+        """
+        if blocks_to_swap_out:
+            gpu_ids = torch.tensor([g for g, _ in blocks_to_swap_out], device=self.device)
+            staging = torch.empty((len(blocks_to_swap_out), *self.cpu_kv_pool.shape[1:]),
+                                  dtype=self.cpu_kv_pool.dtype, device=self.device)
+            for layer, (k, v) in enumerate(self.kv_caches):
+                torch.index_select(k, 0, gpu_ids, out=staging[:, layer, 0])
+                torch.index_select(v, 0, gpu_ids, out=staging[:, layer, 1])
+            for first, offset, length in _runs([c for _, c in blocks_to_swap_out]):
+                self.cpu_kv_pool[first : first + length].copy_(staging[offset : offset + length], non_blocking=True)
+        if blocks_to_swap_in:
+            gpu_ids = torch.tensor([g for _, g in blocks_to_swap_in], device=self.device)
+            staging = torch.empty((len(blocks_to_swap_in), *self.cpu_kv_pool.shape[1:]),
+                                  dtype=self.cpu_kv_pool.dtype, device=self.device)
+            for first, offset, length in _runs([c for c, _ in blocks_to_swap_in]):
+                staging[offset : offset + length].copy_(self.cpu_kv_pool[first : first + length], non_blocking=True)
+            for layer, (k, v) in enumerate(self.kv_caches):
+                k.index_copy_(0, gpu_ids, staging[:, layer, 0])
+                v.index_copy_(0, gpu_ids, staging[:, layer, 1])
 
     @staticmethod
     def _flatten(plans: list[ScheduledRequest], bs: int):
