@@ -11,7 +11,8 @@ Priorities are integers, lower is more urgent (``PRIORITY_CLASSES``).
 
 from __future__ import annotations
 
-from collections import defaultdict
+import heapq
+from collections import defaultdict, deque
 from typing import Iterable, Protocol
 
 from engine.request import Request
@@ -166,20 +167,24 @@ class PriorityFairPolicy:
         return order
 
     def _fair_order(self, members: list[Request]) -> list[Request]:
-        """Interleave tenants by lowest (simulated) counter, FCFS within a tenant."""
-        queues: dict[str | None, list[Request]] = defaultdict(list)
-        for r in members:
+        """Interleave tenants by lowest (simulated) counter, FCFS within a tenant.
+
+        A heap over tenants keeps this O(n log T) for n requests of T tenants.
+        """
+        queues: dict[str | None, deque[Request]] = defaultdict(deque)
+        for r in members:  # members are in arrival order
             queues[r.tenant_id].append(r)
-        sim = {t: self.counters[t] for t in queues}
+        heap = [(self.counters[t], q[0].arrival_time, i, t) for i, (t, q) in enumerate(queues.items())]
+        heapq.heapify(heap)
         order = []
-        while queues:
-            tenant = min(queues, key=lambda t: (sim[t], queues[t][0].arrival_time))
-            r = queues[tenant].pop(0)
+        while heap:
+            sim, _, i, tenant = heapq.heappop(heap)
+            q = queues[tenant]
+            r = q.popleft()
             order.append(r)
-            remaining = max(0, r.num_prompt_tokens - self._charged.get(r.request_id, 0))
-            sim[tenant] += self.w_in * remaining / r.weight
-            if not queues[tenant]:
-                del queues[tenant]
+            if q:
+                remaining = max(0, r.num_prompt_tokens - self._charged.get(r.request_id, 0))
+                heapq.heappush(heap, (sim + self.w_in * remaining / r.weight, q[0].arrival_time, i, tenant))
         return order
 
     def choose_victim(self, candidates: list[Request], now: float) -> Request:
