@@ -237,7 +237,7 @@ def plot(traces, out_dir: Path) -> None:
         plt.close(fig)
 
 
-def run_engine_mode(steps: int = 400) -> dict:
+def run_engine_mode(steps: int = 300) -> dict:
     """flood and weights 1:2:3:4 on the real engine (stories260K, this CPU), fcfs vs priority-fair.
 
     Arrivals are placed on engine steps; service is counted from what the engine
