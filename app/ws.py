@@ -29,7 +29,6 @@ from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.protocol import (
-    BEARER_SUBPROTOCOL_PREFIX,
     PRIORITY_LEVELS,
     PROTOCOL_VERSION,
     AuthMessage,
@@ -48,6 +47,8 @@ from app.protocol import (
     dump_event,
     parse_client_message,
 )
+from app.ws_auth import CLOSE_UNAUTHORIZED, close as _close, key_from_handshake, origin_allowed
+from app.ws_auth import receive_auth_key as _receive_auth_key
 from app.chat_service import ChatService, PriorityNotAllowedError, QuotaExceededError, default_priority
 from engine import InvalidRequestError, SamplingParams
 from tenancy.errors import StoreUnavailableError
@@ -58,10 +59,8 @@ log = logging.getLogger("chatgate.ws")
 CLOSE_POLICY = 1008  # send queue overflow: the client reads too slowly
 CLOSE_INTERNAL = 1011
 CLOSE_TRY_AGAIN = 1013  # the tenancy store is unavailable
-CLOSE_UNAUTHORIZED = 4401  # no key, bad key, revoked key, disabled tenant, auth timeout
 
 MAX_CHATS_PER_SOCKET = 64
-MAX_AUTH_MESSAGE_BYTES = 4096
 
 _socket_ids = itertools.count(1)
 
@@ -91,54 +90,6 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
         await _close(websocket, CLOSE_UNAUTHORIZED, "invalid API key (unknown, revoked, or tenant disabled)")
         return
     await ChatSession(websocket, state.llm, principal, state.settings, state.chat_service).run()
-
-
-def origin_allowed(websocket: WebSocket, allowed: list[str] | tuple[str, ...] | str) -> bool:
-    """True for no ``Origin`` (not a browser), ``*``, a listed origin, or the page's own origin."""
-    origin = websocket.headers.get("origin")
-    if origin is None:
-        return True
-    if isinstance(allowed, str):
-        allowed = [o.strip() for o in allowed.split(",") if o.strip()]
-    origin = origin.rstrip("/").lower()
-    if "*" in allowed or origin in {o.rstrip("/").lower() for o in allowed}:
-        return True
-    host = websocket.headers.get("host", "").lower()
-    return bool(host) and origin in (f"http://{host}", f"https://{host}")
-
-
-def key_from_handshake(websocket: WebSocket) -> str | None:
-    """The key from ``Authorization: Bearer KEY`` or a ``chatgate.bearer.KEY`` subprotocol."""
-    scheme, _, value = websocket.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
-    for proto in websocket.scope.get("subprotocols") or []:
-        if proto.startswith(BEARER_SUBPROTOCOL_PREFIX) and len(proto) > len(BEARER_SUBPROTOCOL_PREFIX):
-            return proto[len(BEARER_SUBPROTOCOL_PREFIX) :]
-    return None
-
-
-async def _receive_auth_key(websocket: WebSocket, timeout_s: float) -> str | None:
-    """Wait for the first frame, which must be an ``auth`` message; close 4401 otherwise."""
-    try:
-        message = await asyncio.wait_for(websocket.receive(), timeout_s)
-    except asyncio.TimeoutError:
-        await _close(websocket, CLOSE_UNAUTHORIZED, f"authentication timed out after {timeout_s:g} s")
-        return None
-    if message["type"] == "websocket.disconnect":
-        return None
-    raw = message.get("text") if message.get("text") is not None else (message.get("bytes") or b"").decode(
-        "utf-8", "replace"
-    )
-    if len(raw) <= MAX_AUTH_MESSAGE_BYTES:
-        try:
-            parsed = parse_client_message(json.loads(raw))
-            if isinstance(parsed, AuthMessage):
-                return parsed.api_key
-        except (ValueError, ProtocolError):
-            pass
-    await _close(websocket, CLOSE_UNAUTHORIZED, 'authentication required: send {"type": "auth", "api_key": KEY} first')
-    return None
 
 
 class ChatSession:
@@ -408,13 +359,6 @@ async def _deny(websocket: WebSocket, status: int, code: str, message: str) -> N
         await websocket.send_denial_response(JSONResponse({"error": {"code": code, "message": message}}, status))
     else:
         await websocket.close(code=CLOSE_POLICY, reason=message)
-
-
-async def _close(websocket: WebSocket, code: int, reason: str) -> None:
-    try:
-        await websocket.close(code=code, reason=reason)
-    except (RuntimeError, OSError):
-        pass  # already closed by the peer
 
 
 def _client(websocket: WebSocket) -> str:
