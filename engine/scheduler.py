@@ -181,7 +181,8 @@ class Scheduler:
             if not bm.can_swap_in(request, n):
                 break
             out.blocks_to_swap_in.extend(bm.swap_in(request))
-            assert bm.allocate_slots(request, n)
+            grown = bm.allocate_slots(request, n)  # can_swap_in checked the room for these slots
+            assert grown, "swap-in without room for the step's slots"
             self.swapped.remove(request)
             self.running.append(request)
             request.status = RequestStatus.RUNNING
