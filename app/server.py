@@ -136,6 +136,8 @@ async def health(request: Request) -> JSONResponse:
             "free_kv_blocks": stats.get("free_gpu_blocks"),
             "total_kv_blocks": stats.get("total_gpu_blocks"),
         },
+        # The engine's counters as LLM.stats() names them (preemptions, swap, prefix cache, pools).
+        "stats": {k: v for k, v in stats.items() if k != "model"},
         "database": database,
     }
     return JSONResponse(body, status_code=200 if database == "ok" else 503)

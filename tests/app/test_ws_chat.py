@@ -143,6 +143,11 @@ def test_health_reports_engine_state_and_database(gateway: GatewayServer):
     assert health["model"] == "stories260k"
     assert set(health["engine"]) == {"running", "waiting", "swapped", "free_kv_blocks", "total_kv_blocks"}
     assert health["engine"]["total_kv_blocks"] > 0
+    stats = health["stats"]
+    for key in ("num_preemptions", "num_swapped_out_blocks", "num_swapped_in_blocks", "prefix_cache_queried_tokens",
+                "prefix_cache_hit_tokens", "free_gpu_blocks", "total_gpu_blocks", "free_cpu_blocks"):
+        assert isinstance(stats[key], int) and stats[key] >= 0, key
+    assert stats["total_gpu_blocks"] == health["engine"]["total_kv_blocks"]
 
 
 def test_chat_page_is_served_with_a_content_security_policy(gateway: GatewayServer):
