@@ -15,6 +15,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -26,6 +27,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "max_model_len": args.max_model_len,
         "dtype": args.dtype,
         "device": args.device,
+        "tensor_parallel_size": args.tensor_parallel_size,
     }
 
 

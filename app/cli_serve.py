@@ -36,12 +36,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--max-num-seqs", type=int, help="most sequences in one batch")
     g.add_argument("--max-num-batched-tokens", type=int, help="token budget of one scheduler step")
     g.add_argument("--max-model-len", type=int, help="context length cap (default: the model's)")
+    g.add_argument("--tensor-parallel-size", "--tp", type=int,
+                   help="split the model across this many ranks (GPUs from --device on; processes on the CPU)")
     p.set_defaults(func=serve)
 
 
 _SETTING_ARGS = (
     "host", "port", "model", "database_url", "data_dir", "allowed_origins", "log_level", "device", "dtype",
     "block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+    "tensor_parallel_size",
 )  # fmt: skip
 
 

@@ -118,7 +118,8 @@ async def _open_store(database_url: str) -> Any:
 
 
 async def health(request: Request) -> JSONResponse:
-    """Engine state and database reachability; 200 when both are fine, else 503."""
+    """Engine state and database reachability; 200 when both are fine, else 503 (a dead
+    engine, e.g. a lost tensor-parallel worker, says why in ``engine.error``)."""
     state = request.app.state
     stats = state.llm.stats()
     try:
@@ -126,8 +127,10 @@ async def health(request: Request) -> JSONResponse:
         database = "ok"
     except Exception as exc:  # noqa: BLE001 - any failure means unreachable
         database = f"unavailable: {type(exc).__name__}"
+    alive = getattr(state.llm, "is_alive", True)
+    healthy = database == "ok" and alive
     body = {
-        "status": "ok" if database == "ok" else "degraded",
+        "status": "ok" if healthy else "degraded",
         "model": stats.get("model"),
         "engine": {
             "running": stats.get("num_running"),
@@ -135,12 +138,14 @@ async def health(request: Request) -> JSONResponse:
             "swapped": stats.get("num_swapped"),
             "free_kv_blocks": stats.get("free_gpu_blocks"),
             "total_kv_blocks": stats.get("total_gpu_blocks"),
+            "alive": alive,
+            **({"error": state.llm.dead_reason} if not alive and getattr(state.llm, "dead_reason", None) else {}),
         },
         # The engine's counters as LLM.stats() names them (preemptions, swap, prefix cache, pools).
         "stats": {k: v for k, v in stats.items() if k != "model"},
         "database": database,
     }
-    return JSONResponse(body, status_code=200 if database == "ok" else 503)
+    return JSONResponse(body, status_code=200 if healthy else 503)
 
 
 class SecurityHeaders:

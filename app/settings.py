@@ -48,6 +48,7 @@ class Settings(BaseSettings):
     max_model_len: int | None = Field(None, ge=1)  # None: the model's own limit
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     device: str = "cpu"
+    tensor_parallel_size: int = Field(1, ge=1)  # ranks the model is split across (engine.executor)
 
     # ---- gateway ----
     auth_timeout_s: float = Field(5.0, gt=0)  # time a socket has to authenticate
@@ -121,6 +122,7 @@ class Settings(BaseSettings):
             "max_model_len": self.max_model_len,
             "dtype": self.dtype,
             "device": self.device,
+            "tensor_parallel_size": self.tensor_parallel_size,
         }
 
 

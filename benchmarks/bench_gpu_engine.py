@@ -369,6 +369,82 @@ def single_stream(engine: LLMEngine, n_out: int = 257, prompt_len: int = 128) ->
             "ms_per_token_mean": 1e3 * float(np.mean(gaps)), "ms_per_token_p90": 1e3 * float(np.percentile(gaps, 90))}
 
 
+def host_breakdown(engine: LLMEngine, iters: int = 50) -> dict:
+    """Host microseconds of each piece of a batch-1 decode step, the GPU idle before each piece.
+
+    Shows which host work sits on the critical path between two graph replays.
+    """
+    rng = np.random.default_rng(5)
+    engine.add_request("hb", rng.integers(1000, 5000, size=128).tolist(),
+                       SamplingParams(temperature=0.0, max_tokens=2 * iters + 8, ignore_eos=True))
+    for _ in range(4):
+        engine.step()
+    runner, g = engine.runner, engine.runner.graphs
+    parts: dict[str, list[float]] = {k: [] for k in ("schedule", "build_step_input", "graph_inputs", "replay_call",
+                                                   "compute_logits_call", "sample", "whole_step")}
+    for _ in range(iters):
+        sync(engine.device)
+        t0 = time.perf_counter()
+        plan = engine.scheduler.schedule()
+        t1 = time.perf_counter()
+        step = runner.build_step_input(plan.scheduled)
+        t2 = time.perf_counter()
+        with torch.inference_mode():
+            bs = g.bucket(1)
+            replay, calls = g.replay, []
+            g.replay = lambda b: calls.append(b)  # the input half of _graph_step only
+            try:
+                runner._graph_step(step)
+            finally:
+                g.replay = replay
+            t3 = time.perf_counter()
+            hidden = g.replay(bs)
+            t4 = time.perf_counter()
+            logits = runner.model.compute_logits(hidden[:1])
+            t5 = time.perf_counter()
+        engine.scheduler.update_after_step(plan)
+        sampled = engine.sampler(logits, [p.request for p in plan.scheduled])
+        t6 = time.perf_counter()
+        for p, tok_id, lp in zip(plan.scheduled, sampled.token_ids, sampled.logprobs):
+            engine._advance(p.request, tok_id, lp, time.monotonic())
+        sync(engine.device)
+        t7 = time.perf_counter()
+        sync(engine.device)
+        t8 = time.perf_counter()
+        engine.step()
+        sync(engine.device)
+        t9 = time.perf_counter()
+        for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t9 - t8)):
+            parts[k].append(1e6 * v)
+    while engine.has_unfinished_requests():
+        engine.step()
+    out = {f"{k}_us_median": float(np.median(v)) for k, v in parts.items()}
+    # Single host operations of the graph-input path, 200 calls each.
+    tok, seq = runner._graph_host
+    ev = torch.cuda.Event()
+    ops = {
+        "h2d_tokens": lambda: g.token_buf.copy_(tok, non_blocking=True),
+        "h2d_seq_b1": lambda: g.seq_buf[: g.max_num_seqs + g.width].copy_(seq[: g.max_num_seqs + g.width],
+                                                                          non_blocking=True),
+        "event_record": ev.record,
+        "event_sync": ev.synchronize,
+        "replay_b1": lambda: g.replay(1),
+        "lm_head_b1": lambda: runner.model.compute_logits(g.outputs[1][:1]),
+        "argmax_tolist_b1": lambda: runner.model.compute_logits(g.outputs[1][:1]).argmax(-1).tolist(),
+    }
+    for name, fn in ops.items():
+        ts = []
+        for _ in range(200):
+            sync(engine.device)
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                fn()
+            ts.append(1e6 * (time.perf_counter() - t0))
+        out[f"op_{name}_us_median"] = float(np.median(ts))
+    sync(engine.device)
+    return out
+
+
 @torch.inference_mode()
 def profile_eager_step(engine: LLMEngine, top: int = 12) -> dict:
     """Kernel time of one eager batch-1 decode step, grouped, to show what the GPU does."""
@@ -408,7 +484,7 @@ def gemm_batch1(cfg: ModelConfig, device, copies: int = 16) -> dict:
     """ms and read bandwidth of each batch-1 projection (bf16 ``F.linear``, cuBLAS), rotating
     ``copies`` weight copies so small ones are not served from L2; graph-replayed, per call.
 
-    Also the fused shapes (q|k|v, gate|up) the model does not use yet, to size that change.
+    Both the separate shapes and the fused ones (q|k|v, gate|up) the model uses.
     """
     h, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
@@ -475,6 +551,12 @@ def engine_section(label, cfg, device, args, prompts, outs, compile_model: bool,
     r["single"] = single_stream(engine)
     r["single"]["fraction_of_roofline"] = r["roofline_ms"] / r["single"]["ms_per_token_median"]
     print(label, "single", r["single"], flush=True)
+    if engine.runner.graphs is not None:
+        try:
+            r["host_breakdown_b1"] = host_breakdown(engine)
+        except Exception as exc:
+            r["host_breakdown_b1"] = {"error": repr(exc), "trace": traceback.format_exc()[-1500:]}
+        print(label, "host breakdown", r["host_breakdown_b1"], flush=True)
     RESULTS[label] = r
     save()
     if args.profile:
@@ -598,6 +680,10 @@ def table() -> None:
         lines.append(f"{label}: batch-1 {s.get('ms_per_token_median', float('nan')):.2f} ms/tok, roofline "
                      f"{e['roofline_ms']:.2f} ms -> {100 * s.get('fraction_of_roofline', 0):.0f}% of roofline "
                      f"(floor 75%)")
+        hb1 = e.get("host_breakdown_b1", {})
+        if "whole_step_us_median" in hb1:
+            lines.append(f"{label}: batch-1 host us " + ", ".join(
+                f"{k[:-10]} {v:.0f}" for k, v in hb1.items()))
         if "replay_ms" in e:
             lines.append(f"{label}: graph replay ms " + ", ".join(f"b{k}={v:.2f}" for k, v in e["replay_ms"].items()))
         t = e.get("throughput")

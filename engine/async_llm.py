@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from engine.errors import InvalidRequestError
+from engine.errors import EngineDeadError, InvalidRequestError
 from engine.llm import encode_chat, load_engine
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
@@ -42,10 +42,6 @@ class _Abort:
     request_id: str
 
 
-class EngineDeadError(RuntimeError):
-    """The engine thread has stopped; no request can be served."""
-
-
 class AsyncLLM:
     """Async client over an ``LLMEngine`` driven by a background thread.
 
@@ -67,10 +63,16 @@ class AsyncLLM:
         self._sinks: dict[str, tuple[asyncio.Queue, asyncio.AbstractEventLoop]] = {}
         self._stats = engine.stats()
         self._stopped = threading.Event()
+        self.dead_reason: str | None = None  # why the engine thread stopped, if it did on its own
         self._thread = threading.Thread(target=self._run, name="chatgate-engine", daemon=True)
         self._thread.start()
 
     # -- properties used by gateways ------------------------------------------------
+    @property
+    def is_alive(self) -> bool:
+        """False once the engine thread has stopped (shut down, or died: see ``dead_reason``)."""
+        return not self._stopped.is_set()
+
     @property
     def tokenizer(self):
         return self.engine.tokenizer
@@ -112,7 +114,7 @@ class AsyncLLM:
         Closing the iterator early (``break``, task cancellation) aborts the request.
         """
         if self._stopped.is_set():
-            raise EngineDeadError("the engine has stopped")
+            raise EngineDeadError(self.dead_reason or "the engine has stopped")
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
@@ -141,6 +143,7 @@ class AsyncLLM:
         self._stopped.set()
         self._commands.put(None)
         self._thread.join(timeout)
+        self.engine.shutdown()
 
     # -- the engine thread ---------------------------------------------------------------
     def _run(self) -> None:
@@ -153,8 +156,14 @@ class AsyncLLM:
                     for out in self.engine.step():
                         self._deliver(out)
                 self._stats = self.engine.stats()
+        except EngineDeadError as exc:  # e.g. a tensor-parallel worker died: reported, not re-raised
+            logger.error("engine stopped: %s", exc)
+            self.dead_reason = str(exc)
+            for rid in list(self._sinks):
+                self._deliver_error(rid, exc)
         except BaseException as exc:  # noqa: BLE001 - reported to every waiter, then re-raised
             logger.exception("engine thread died")
+            self.dead_reason = f"{type(exc).__name__}: {exc}"
             for rid in list(self._sinks):
                 self._deliver_error(rid, EngineDeadError(f"engine stopped: {exc}"))
             raise

@@ -55,13 +55,22 @@ class DecodeCUDAGraphs:
         self.batch_sizes = graph_batch_sizes(max_num_seqs)
         self.max_num_seqs = max_num_seqs
         self.block_size = block_size
-        n = max_num_seqs
-        # Static inputs, in their harmless padding state.
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)  # (B,)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)  # (B,)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)  # (B,)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)  # (B,)
-        self.block_tables = torch.zeros((n, max_blocks_per_seq), dtype=torch.int32, device=device)  # (B, W)
+        n, w = max_num_seqs, max_blocks_per_seq
+        self.width = w
+        # Static inputs, in their harmless padding state. They are views of two
+        # buffers so a step's inputs arrive in two host-to-device copies and no
+        # copy kernels: ``token_buf`` (3, B) int64 = input_ids | positions |
+        # slot_mapping, and ``seq_buf`` (B + B * W,) int32 = seq_lens | block_tables
+        # (the first ``B + bs * W`` entries hold everything bucket ``bs`` reads).
+        self.token_buf = torch.zeros((3, n), dtype=torch.int64, device=device)
+        self.token_buf[2].fill_(-1)
+        self.seq_buf = torch.zeros(n + n * w, dtype=torch.int32, device=device)
+        self.seq_buf[:n].fill_(1)
+        self.input_ids = self.token_buf[0]  # (B,)
+        self.positions = self.token_buf[1]  # (B,)
+        self.slot_mapping = self.token_buf[2]  # (B,)
+        self.seq_lens = self.seq_buf[:n]  # (B,)
+        self.block_tables = self.seq_buf[n:].view(n, w)  # (B, W)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)  # (B + 1,)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # bucket -> (bucket, hidden) static output

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from engine.config import ModelConfig
+from engine.distributed import TensorParallelGroup
 from engine.models.llama import LlamaForCausalLM
 
 DUMMY_CONFIGS: dict[str, ModelConfig] = {
@@ -51,9 +52,13 @@ def dummy_config(name: str) -> ModelConfig:
 
 @torch.no_grad()
 def build_dummy_model(
-    config: ModelConfig, device: torch.device | str, dtype: torch.dtype, seed: int = 0
+    config: ModelConfig, device: torch.device | str, dtype: torch.dtype, seed: int = 0,
+    tp: TensorParallelGroup | None = None,
 ) -> LlamaForCausalLM:
-    """Build ``LlamaForCausalLM(config)`` with random weights, created on ``device`` in ``dtype``.
+    """Build ``LlamaForCausalLM(config, tp)`` with random weights, created on ``device`` in ``dtype``.
+
+    Under tensor parallelism each rank draws its own shard (seed it with the
+    rank): no rank ever holds the full model, so an 8B shape needs no host copy.
 
     Linear weights keep PyTorch's default init (uniform, std ``1/sqrt(3 fan_in)``),
     embeddings are ``N(0, 1)``, biases small and norms 1, so activations stay finite
@@ -70,7 +75,7 @@ def build_dummy_model(
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(config)
+            model = LlamaForCausalLM(config, tp)
     finally:
         torch.set_default_dtype(previous)
     for name, p in model.named_parameters():

@@ -13,3 +13,8 @@ class InvalidRequestError(ValueError):
     def __init__(self, message: str, code: str = "invalid_request") -> None:
         super().__init__(message)
         self.code = code
+
+
+class EngineDeadError(RuntimeError):
+    """The engine cannot serve any more requests (its thread stopped, or a
+    tensor-parallel worker died); requests in flight end with this error."""

@@ -17,8 +17,11 @@ from engine.attention import make_attention_backend
 from engine.block_manager import BlockManager
 from engine.config import ModelConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import InvalidRequestError
+from engine.distributed import TensorParallelGroup
+from engine.errors import EngineDeadError, InvalidRequestError
 from engine.dummy_models import build_dummy_model
+from engine.executor import (TensorParallelExecutor, UniProcExecutor, WorkerSpec,
+                             check_tensor_parallel_size)
 from engine.model_runner import ModelRunner, compile_layers, kv_bytes_per_block
 from engine.models.llama import LlamaForCausalLM
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -63,7 +66,13 @@ class EngineConfig:
         preemption_mode: ``swap``, ``recompute`` or ``auto`` (cost model per victim).
         cuda_graphs: replay CUDA graphs for decode-only steps (CUDA devices only).
         compile_model: ``torch.compile`` each decoder layer (attention stays the backend's);
-            None: on CUDA devices only (measured faster there: BENCHMARKS.md).
+            None: on CUDA devices only, at tensor_parallel_size 1 (measured faster
+            there: BENCHMARKS.md).
+        tensor_parallel_size: ranks the model is split across (``engine.executor``);
+            on CUDA, rank ``r`` uses the GPU after ``device`` by ``r``; on the CPU the
+            ranks are processes talking over gloo.
+        tensor_parallel_timeout_s: how long a rank waits in a collective for a
+            peer before the step fails.
     """
 
     block_size: int = 16
@@ -85,6 +94,8 @@ class EngineConfig:
     preemption_mode: str = "auto"
     cuda_graphs: bool = True
     compile_model: bool | None = None
+    tensor_parallel_size: int = 1
+    tensor_parallel_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -93,6 +104,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -112,7 +125,10 @@ class LLMEngine:
         chat_template: Jinja chat template, if the model has one.
 
     Raises:
-        ValueError: inconsistent options (e.g. max_model_len beyond the model's).
+        ValueError: inconsistent options (e.g. max_model_len beyond the model's, a
+            tensor_parallel_size that does not divide the heads or exceeds the GPUs).
+        EngineDeadError: a tensor-parallel worker failed to start (its error is in
+            the message).
     """
 
     def __init__(
@@ -136,15 +152,18 @@ class LLMEngine:
                 f"max_model_len {self.max_model_len} exceeds the model's "
                 f"{model_config.max_position_embeddings} positions"
             )
+        tp_size = config.tensor_parallel_size
+        check_tensor_parallel_size(model_config, tp_size, config.device)
+        tp = TensorParallelGroup(0, tp_size)  # rank 0's shard; the group forms below
         torch.manual_seed(config.seed)
         if state_dict is None:
-            model = build_dummy_model(model_config, self.device, config.torch_dtype, config.seed)
+            model = build_dummy_model(model_config, self.device, config.torch_dtype, config.seed, tp=tp)
         else:
-            model = LlamaForCausalLM(model_config)
+            model = LlamaForCausalLM(model_config, tp)
             model.load_hf_state_dict(state_dict)
             model = model.to(device=self.device, dtype=config.torch_dtype).eval()
         num_blocks = config.num_gpu_blocks or self._auto_num_blocks(model_config)
-        block_bytes = kv_bytes_per_block(model_config, config.block_size, config.torch_dtype)
+        block_bytes = kv_bytes_per_block(model_config, config.block_size, config.torch_dtype, tp_size)
         # More than a few GPU pools' worth of swap space is never used (swapped
         # requests resume before anything new is admitted); the cap keeps tiny
         # models from building millions of block records.
@@ -158,12 +177,30 @@ class LLMEngine:
             make_policy(config.scheduling_policy),
             self.cost_model,
         )
+        tp_executor = None
+        if tp_size > 1:
+            if state_dict is not None:
+                for t in state_dict.values():
+                    t.share_memory_()  # workers map these pages instead of receiving a copy
+            tp_executor = TensorParallelExecutor(WorkerSpec(
+                model_config, state_dict, config.torch_dtype, config.device, num_blocks, config.block_size,
+                num_cpu_blocks, config.attention_backend, config.max_num_seqs, self.max_model_len,
+                config.cuda_graphs, config.seed, config.tensor_parallel_timeout_s), tp_size)
         backend = make_attention_backend(config.attention_backend, self.device)
-        if config.compile_model or (config.compile_model is None and self.device.type == "cuda"):
+        compile_default = self.device.type == "cuda" and tp_size == 1
+        if config.compile_model or (config.compile_model is None and compile_default):
             compile_layers(model, backend)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, backend, num_cpu_blocks,
-                                  max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                                  cuda_graphs=config.cuda_graphs)
+        try:
+            self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, backend, num_cpu_blocks,
+                                      max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+                                      cuda_graphs=config.cuda_graphs)
+        except BaseException:
+            if tp_executor is not None:
+                tp_executor.shutdown()
+            raise
+        if tp_executor is not None:
+            tp_executor.wait_ready(self.runner)
+        self.executor = tp_executor or UniProcExecutor(self.runner)
         if num_cpu_blocks:
             self.cost_model.copy_bandwidth = self._measure_copy_bandwidth()
         generator = torch.Generator().manual_seed(config.seed)
@@ -173,7 +210,8 @@ class LLMEngine:
         self.eos_token_ids = tuple(model_config.eos_token_ids)
 
     def _auto_num_blocks(self, mc: ModelConfig) -> int:
-        per_block = kv_bytes_per_block(mc, self.config.block_size, self.config.torch_dtype)
+        per_block = kv_bytes_per_block(mc, self.config.block_size, self.config.torch_dtype,
+                                       self.config.tensor_parallel_size)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = free * self.config.gpu_memory_utilization - (1 << 30)  # headroom for activations
@@ -290,14 +328,15 @@ class LLMEngine:
             return []
         sampling = [p.request for p in plan.scheduled if p.samples]
         try:
-            self.runner.swap(plan.blocks_to_swap_out, plan.blocks_to_swap_in)
+            t0 = time.perf_counter()
+            logits = self.executor.execute_model(plan.blocks_to_swap_out, plan.blocks_to_swap_in, plan.scheduled)
             if not plan.scheduled:
                 return []
-            t0 = time.perf_counter()
-            logits = self.runner.execute(plan.scheduled)
             self.scheduler.update_after_step(plan)
             sampled = self.sampler(logits, sampling)
             self._observe_step(plan.num_batched_tokens, time.perf_counter() - t0)
+        except EngineDeadError:
+            raise  # nothing can run any more; the caller fails every request
         except Exception as exc:  # a failed step fails its requests, not the engine
             logger.exception("engine step failed")
             outputs = []
@@ -310,6 +349,10 @@ class LLMEngine:
         for request, token_id, logprob in zip(sampling, sampled.token_ids, sampled.logprobs):
             outputs.append(self._advance(request, token_id, logprob, now))
         return outputs
+
+    def shutdown(self) -> None:
+        """Stop tensor-parallel workers, if any (idempotent; the engine cannot step afterwards at TP > 1)."""
+        self.executor.shutdown()
 
     def _observe_step(self, num_tokens: int, seconds: float) -> None:
         """Keep the cost model's prefill rate (tokens/s) measured on prefill-sized steps."""

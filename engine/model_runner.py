@@ -12,6 +12,9 @@ replay CUDA graphs (``engine.cuda_graphs``); prefill and mixed steps run eagerly
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -34,10 +37,11 @@ def _runs(ids: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes across all layers, K and V."""
+def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype, tensor_parallel_size: int = 1) -> int:
+    """Bytes one block takes on one rank across all layers, K and V (each rank holds ``H_kv / N`` heads)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * elem
+    heads = config.num_key_value_heads // tensor_parallel_size
+    return 2 * config.num_hidden_layers * block_size * heads * config.head_dim * elem
 
 
 class _Staging:
@@ -60,12 +64,13 @@ class _Staging:
 
     def end(self) -> None:
         if self.pin:
-            self._done = torch.cuda.Event()
-            self._done.record()
+            if self._done is None:
+                self._done = torch.cuda.Event()
+            self._done.record()  # re-recording moves the event to this step's copies
 
     def host(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A host tensor of ``shape`` (a view of a buffer that grows by doubling)."""
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         buf = self._bufs.get((name, dtype))
         if buf is None or buf.numel() < n:
             size = max(n, 2 * (buf.numel() if buf is not None else 64))
@@ -80,12 +85,34 @@ class _Staging:
         return host.to(self.device, non_blocking=True)
 
 
-def _fill_block_tables(out: np.ndarray, plans: list[ScheduledRequest]) -> None:
-    """Row ``i`` of ``out`` (int32, wide enough) is plan ``i``'s block table, padded with 0."""
+def _fill_block_tables(out: np.ndarray, tables: list[list[int]]) -> None:
+    """Row ``i`` of ``out`` (int32, wide enough) is ``tables[i]``, padded with 0."""
     out.fill(0)  # the reference backends gather whole rows; block 0 is always a valid id
-    for i, plan in enumerate(plans):
-        table = plan.request.block_table
+    for i, table in enumerate(tables):
         out[i, : len(table)] = table
+
+
+@dataclass
+class StepInput:
+    """One step's inputs as host lists: built by rank 0, sent to the other ranks.
+
+    Attributes:
+        input_ids, positions, slot_mapping: per new token (T entries each).
+        query_start_loc: ``num_seqs + 1`` cumulative new-token counts.
+        seq_lens: per sequence, context length after this step.
+        logits_indices: indices into T of the tokens whose logits are sampled.
+        block_tables: per sequence, its block ids.
+        max_query_len: the most new tokens of one sequence (1: a decode-only step).
+    """
+
+    input_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    logits_indices: list[int]
+    block_tables: list[list[int]]
+    max_query_len: int
 
 
 class ModelRunner:
@@ -121,8 +148,9 @@ class ModelRunner:
         self.device = device
         self.backend = backend
         dtype = next(model.parameters()).dtype
-        shape = (num_blocks, block_size, self.config.num_key_value_heads, self.config.head_dim)
-        # One (k, v) pair per layer, each (num_blocks, block_size, H_kv, D).
+        shape = (num_blocks, block_size, model.num_local_kv_heads, self.config.head_dim)
+        # One (k, v) pair per layer, each (num_blocks, block_size, H_kv, D); under tensor
+        # parallelism H_kv is this rank's share of the KV heads.
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(self.config.num_hidden_layers)
@@ -140,6 +168,7 @@ class ModelRunner:
         max_model_len = max_model_len or self.config.max_position_embeddings
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.graphs: DecodeCUDAGraphs | None = None
+        self._graph_host: tuple[torch.Tensor, torch.Tensor] | None = None  # pinned mirrors of the graph inputs
         if cuda_graphs and device.type == "cuda":
             self.graphs = DecodeCUDAGraphs(model, self.kv_caches, backend, max_num_seqs,
                                            self.max_blocks_per_seq, block_size, device)
@@ -173,9 +202,9 @@ class ModelRunner:
                 k.index_copy_(0, gpu_ids, staging[:, layer, 0])
                 v.index_copy_(0, gpu_ids, staging[:, layer, 1])
 
-    @staticmethod
-    def _flatten(plans: list[ScheduledRequest], bs: int):
-        """Python lists of the step's per-token and per-sequence values."""
+    def build_step_input(self, plans: list[ScheduledRequest]) -> StepInput:
+        """Flatten a plan into host lists (what every tensor-parallel rank needs to run the step)."""
+        bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
         slot_mapping: list[int] = []
@@ -193,10 +222,11 @@ class ModelRunner:
             seq_lens.append(end)
             if plan.samples:
                 logits_indices.append(query_start_loc[-1] - 1)
-        return input_ids, positions, slot_mapping, query_start_loc, seq_lens, logits_indices
+        return StepInput(input_ids, positions, slot_mapping, query_start_loc, seq_lens, logits_indices,
+                         [p.request.block_table for p in plans], max(p.num_new_tokens for p in plans))
 
-    def prepare(self, plans: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
-        """Build the step's inputs (the eager path).
+    def prepare(self, step: StepInput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """Build the step's device inputs (the eager path).
 
         Returns:
             ``input_ids`` (T,) int64, ``positions`` (T,) int64, the attention
@@ -204,69 +234,74 @@ class ModelRunner:
         """
         st = self.staging
         st.begin()
-        ids, positions, slots, qsl, seq_lens, logits_indices = self._flatten(plans, self.block_size)
-        max_blocks = max(len(p.request.block_table) for p in plans)
-        bt_host = st.host("block_tables", (len(plans), max_blocks), torch.int32)
-        _fill_block_tables(bt_host.numpy(), plans)
-        max_query_len = max(p.num_new_tokens for p in plans)
+        max_blocks = max(len(t) for t in step.block_tables)
+        bt_host = st.host("block_tables", (len(step.block_tables), max_blocks), torch.int32)
+        _fill_block_tables(bt_host.numpy(), step.block_tables)
         meta = AttentionMetadata(
-            slot_mapping=st.to_device("slot_mapping", slots, torch.int64),
-            query_start_loc=st.to_device("query_start_loc", qsl, torch.int32),
-            seq_lens=st.to_device("seq_lens", seq_lens, torch.int32),
+            slot_mapping=st.to_device("slot_mapping", step.slot_mapping, torch.int64),
+            query_start_loc=st.to_device("query_start_loc", step.query_start_loc, torch.int32),
+            seq_lens=st.to_device("seq_lens", step.seq_lens, torch.int32),
             block_tables=bt_host.to(self.device, non_blocking=True),
-            max_query_len=max_query_len,
-            max_seq_len=max(seq_lens),
-            decode_only=max_query_len == 1,
+            max_query_len=step.max_query_len,
+            max_seq_len=max(step.seq_lens),
+            decode_only=step.max_query_len == 1,
         )
-        out = (st.to_device("input_ids", ids, torch.int64), st.to_device("positions", positions, torch.int64),
-               meta, st.to_device("logits_indices", logits_indices, torch.int64))
+        out = (st.to_device("input_ids", step.input_ids, torch.int64),
+               st.to_device("positions", step.positions, torch.int64),
+               meta, st.to_device("logits_indices", step.logits_indices, torch.int64))
         st.end()
         return out
 
-    def _graph_step(self, plans: list[ScheduledRequest]) -> tuple[torch.Tensor, list[int]]:
-        """Fill the graphs' static inputs (padding rows included) and replay; returns ``(B, hidden)``."""
-        g, st = self.graphs, self.staging
-        n = len(plans)
+    def _graph_step(self, step: StepInput) -> torch.Tensor:
+        """Fill the graphs' static inputs (padding rows included) and replay; returns ``(B, hidden)``.
+
+        Pinned host mirrors of the graphs' ``token_buf`` and ``seq_buf`` layouts
+        (allocated once) are filled in place, so two non-blocking copies move
+        everything (``DecodeCUDAGraphs``). This is on the critical path of every
+        decode step: the GPU idles from the previous step's sample until the replay.
+        """
+        g = self.graphs
+        n = len(step.seq_lens)
         bs = g.bucket(n)
-        st.begin()
-        ids, positions, slots, _, seq_lens, logits_indices = self._flatten(plans, self.block_size)
-        # One int64 buffer (ids, positions, slots) and one int32 (seq_lens, then the block tables).
-        tok = st.host("graph_tokens", (3, bs), torch.int64)
-        t = tok.numpy()
-        t[0, :n], t[1, :n], t[2, :n] = ids, positions, slots
-        t[0, n:], t[1, n:], t[2, n:] = 0, 0, -1
-        width = g.block_tables.shape[1]
-        seq = st.host("graph_seq", (bs, 1 + width), torch.int32)
-        s = seq.numpy()
-        s[:n, 0] = seq_lens
-        s[n:, 0] = 1
-        _fill_block_tables(s[:, 1:], plans)
-        tok_dev = tok.to(self.device, non_blocking=True)
-        seq_dev = seq.to(self.device, non_blocking=True)
-        st.end()
-        g.input_ids[:bs].copy_(tok_dev[0])
-        g.positions[:bs].copy_(tok_dev[1])
-        g.slot_mapping[:bs].copy_(tok_dev[2])
-        g.seq_lens[:bs].copy_(seq_dev[:, 0])
-        g.block_tables[:bs].copy_(seq_dev[:, 1:])
-        return g.replay(bs), logits_indices
+        big, w = g.max_num_seqs, g.width
+        if self._graph_host is None:
+            self._graph_host = (torch.empty((3, big), dtype=torch.int64, pin_memory=self.staging.pin),
+                                torch.empty(big + big * w, dtype=torch.int32, pin_memory=self.staging.pin))
+            self._graph_host_np = tuple(h.numpy() for h in self._graph_host)
+        tok, seq = self._graph_host
+        t, s = self._graph_host_np
+        self.staging.begin()  # last step's copies out of these buffers are done
+        t[0, :n], t[1, :n], t[2, :n] = step.input_ids, step.positions, step.slot_mapping
+        t[0, n:bs], t[1, n:bs], t[2, n:bs] = 0, 0, -1
+        used = big + bs * w
+        s[:n] = step.seq_lens
+        s[n:bs] = 1
+        _fill_block_tables(s[big:used].reshape(bs, w), step.block_tables)
+        g.token_buf.copy_(tok, non_blocking=True)
+        g.seq_buf[:used].copy_(seq[:used], non_blocking=True)
+        self.staging.end()
+        return g.replay(bs)
+
+    def execute(self, plans: list[ScheduledRequest]) -> torch.Tensor:
+        """Run one step of ``plans`` (non-empty); see ``execute_step``."""
+        return self.execute_step(self.build_step_input(plans))
 
     @torch.inference_mode()
-    def execute(self, plans: list[ScheduledRequest]) -> torch.Tensor:
+    def execute_step(self, step: StepInput) -> torch.Tensor:
         """Run one step.
 
         Returns:
-            ``(num_sampling, vocab)`` float32 logits, one row per plan whose
-            ``samples`` is true, in plan order.
+            ``(num_sampling, vocab)`` float32 logits, one row per sequence that
+            samples this step, in plan order.
         """
-        decode_only = all(p.num_new_tokens == 1 for p in plans)
-        if self.graphs is not None and decode_only and len(plans) <= self.graphs.max_num_seqs:
-            hidden, logits_indices = self._graph_step(plans)  # (B, hidden), B >= len(plans)
-            if logits_indices == list(range(len(plans))):
-                return self.model.compute_logits(hidden[: len(plans)])
-            index = torch.tensor(logits_indices, dtype=torch.int64).to(self.device, non_blocking=True)
+        n = len(step.seq_lens)
+        if self.graphs is not None and step.max_query_len == 1 and n <= self.graphs.max_num_seqs:
+            hidden = self._graph_step(step)  # (B, hidden), B >= n
+            if step.logits_indices == list(range(n)):
+                return self.model.compute_logits(hidden[:n])
+            index = torch.tensor(step.logits_indices, dtype=torch.int64).to(self.device, non_blocking=True)
             return self.model.compute_logits(hidden[index])
-        input_ids, positions, meta, logits_indices = self.prepare(plans)
+        input_ids, positions, meta, logits_indices = self.prepare(step)
         hidden = self.model(input_ids, positions, self.kv_caches, meta, self.backend)  # (T, hidden)
         return self.model.compute_logits(hidden[logits_indices])
 
@@ -280,5 +315,12 @@ def compile_layers(model: LlamaForCausalLM, backend: AttentionBackend) -> None:
     elementwise work that otherwise costs ~30 small kernels a layer.
     """
     backend.forward = torch.compiler.disable(backend.forward)
+    # All layers of every engine in the process share one code object, hence one
+    # cache of compiled graphs; each model shape adds entries (dynamo's default
+    # limit of 8 is reached by a handful of small test models, after which layers
+    # silently run eagerly through a guard check).
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, name, max(getattr(cfg, name), 256))
     for layer in model.model.layers:
         layer.compile(dynamic=True)

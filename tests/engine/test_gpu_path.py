@@ -76,7 +76,7 @@ def test_dummy_model_is_built_in_dtype_with_random_biases():
     model = build_dummy_model(TINY, "cpu", torch.bfloat16, seed=1)
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     assert model.rope.cos.dtype == torch.bfloat16
-    assert model.model.layers[0].self_attn.q_proj.bias.abs().sum() > 0
+    assert model.model.layers[0].self_attn.qkv_proj.bias.abs().sum() > 0
     assert model.lm_head.weight is model.model.embed_tokens.weight
     n = sum(p.numel() for p in model.parameters())
     assert weight_bytes(model) == 2 * n
