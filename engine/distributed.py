@@ -37,17 +37,13 @@ class TensorParallelGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place; returns ``x``. A no-op for one rank."""
-        if self.world_size > 1:
-            dist.all_reduce(x)
-        return x
+        return _all_reduce(x) if self.world_size > 1 else x
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Concatenate every rank's ``x`` (same shape on all ranks) along ``dim``, in rank order."""
         if self.world_size == 1:
             return x
-        parts = [torch.empty_like(x) for _ in range(self.world_size)]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts, dim=dim)
+        return torch.cat(_all_gather(x.contiguous(), self.world_size), dim=dim)
 
     def shard(self, size: int, what: str) -> int:
         """``size // world_size``.
@@ -58,6 +54,21 @@ class TensorParallelGroup:
         if size % self.world_size:
             raise ValueError(f"tensor_parallel_size {self.world_size} does not divide {what} ({size})")
         return size // self.world_size
+
+
+# Collectives stay outside torch.compile'd graphs (a graph break, as for the
+# attention kernels); at one rank they are never called, so nothing breaks.
+@torch.compiler.disable
+def _all_reduce(x: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(x)
+    return x
+
+
+@torch.compiler.disable
+def _all_gather(x: torch.Tensor, world_size: int) -> list[torch.Tensor]:
+    parts = [torch.empty_like(x) for _ in range(world_size)]
+    dist.all_gather(parts, x)
+    return parts
 
 
 _GROUP = TensorParallelGroup()

@@ -23,8 +23,10 @@ away sees its pipe close and exits.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import socket
 import threading
 import traceback
@@ -56,6 +58,7 @@ class WorkerSpec:
         max_num_seqs, max_model_len, cuda_graphs: as for ``ModelRunner``.
         seed: the engine's seed.
         timeout_s: collective timeout.
+        compile_model: ``torch.compile`` the decoder layers, as rank 0 does.
     """
 
     model_config: ModelConfig
@@ -71,6 +74,7 @@ class WorkerSpec:
     cuda_graphs: bool
     seed: int
     timeout_s: float
+    compile_model: bool = False
 
 
 def rank_device(device: str, rank: int) -> torch.device:
@@ -114,7 +118,7 @@ def _build_runner(spec: WorkerSpec, rank: int, world_size: int):
     """Worker side: this rank's model shard and runner (rank 0 builds its own in ``LLMEngine``)."""
     from engine.attention import make_attention_backend
     from engine.dummy_models import build_dummy_model
-    from engine.model_runner import ModelRunner
+    from engine.model_runner import ModelRunner, compile_layers
     from engine.models.llama import LlamaForCausalLM
 
     device = rank_device(spec.device, rank)
@@ -127,14 +131,21 @@ def _build_runner(spec: WorkerSpec, rank: int, world_size: int):
         model.load_hf_state_dict(spec.state_dict)
         model = model.to(device=device, dtype=spec.dtype).eval()
     backend = make_attention_backend(spec.attention_backend, device)
+    if spec.compile_model:
+        compile_layers(model, backend)
     return ModelRunner(model, spec.num_blocks, spec.block_size, device, backend, spec.num_cpu_blocks,
                        max_num_seqs=spec.max_num_seqs, max_model_len=spec.max_model_len,
                        cuda_graphs=spec.cuda_graphs)
 
 
 def _worker_main(rank: int, world_size: int, init_method: str, spec: WorkerSpec, conn: Connection) -> None:
-    """A worker process: join the group, build the shard, then follow rank 0's steps until told to stop."""
+    """A worker process: join the group, build the shard, then follow rank 0's steps until told to stop.
+
+    ``kill -USR1`` on a worker prints every thread's stack to its stderr (a hung collective shows where).
+    """
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
+        conn.send(("started", os.getpid()))  # imports and arguments are fine; joining the group next
         device = rank_device(spec.device, rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -213,6 +224,14 @@ class TensorParallelExecutor:
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
+        # Every worker must be alive and about to join before rank 0 blocks in the
+        # rendezvous, which would otherwise wait out the whole timeout for a worker
+        # that died on start-up.
+        for rank, (proc, conn) in enumerate(zip(self.procs, self.conns), start=1):
+            msg = self._recv(rank, proc, conn, spec.timeout_s)
+            if msg[0] != "started":
+                self.shutdown()
+                raise EngineDeadError(f"tensor-parallel worker rank {rank} failed to start: {msg[1]}")
         device = rank_device(spec.device, 0)
         try:
             init_tensor_parallel(0, world_size, init_method, "nccl" if device.type == "cuda" else "gloo",

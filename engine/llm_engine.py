@@ -64,10 +64,10 @@ class EngineConfig:
         swap_space_gb: CPU swap pool for preempted requests' blocks (pinned on
             GPU), at most four times the GPU pool's block count.
         preemption_mode: ``swap``, ``recompute`` or ``auto`` (cost model per victim).
-        cuda_graphs: replay CUDA graphs for decode-only steps (CUDA devices only).
+        cuda_graphs: replay CUDA graphs for decode-only steps (CUDA devices, tensor_parallel_size 1).
         compile_model: ``torch.compile`` each decoder layer (attention stays the backend's);
-            None: on CUDA devices only, at tensor_parallel_size 1 (measured faster
-            there: BENCHMARKS.md).
+            None: on CUDA devices only (measured faster there: BENCHMARKS.md); the
+            tensor-parallel collectives stay outside the compiled graphs.
         tensor_parallel_size: ranks the model is split across (``engine.executor``);
             on CUDA, rank ``r`` uses the GPU after ``device`` by ``r``; on the CPU the
             ranks are processes talking over gloo.
@@ -177,6 +177,10 @@ class LLMEngine:
             make_policy(config.scheduling_policy),
             self.cost_model,
         )
+        compile_model = config.compile_model if config.compile_model is not None else self.device.type == "cuda"
+        # CUDA graphs only at one rank: replays of graphs that captured torch.distributed's
+        # NCCL all-reduces hung on two H200s (BENCHMARKS.md), so TP > 1 steps run eagerly.
+        cuda_graphs = config.cuda_graphs and tp_size == 1
         tp_executor = None
         if tp_size > 1:
             if state_dict is not None:
@@ -185,15 +189,14 @@ class LLMEngine:
             tp_executor = TensorParallelExecutor(WorkerSpec(
                 model_config, state_dict, config.torch_dtype, config.device, num_blocks, config.block_size,
                 num_cpu_blocks, config.attention_backend, config.max_num_seqs, self.max_model_len,
-                config.cuda_graphs, config.seed, config.tensor_parallel_timeout_s), tp_size)
+                cuda_graphs, config.seed, config.tensor_parallel_timeout_s, compile_model), tp_size)
         backend = make_attention_backend(config.attention_backend, self.device)
-        compile_default = self.device.type == "cuda" and tp_size == 1
-        if config.compile_model or (config.compile_model is None and compile_default):
+        if compile_model:
             compile_layers(model, backend)
         try:
             self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, backend, num_cpu_blocks,
                                       max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                                      cuda_graphs=config.cuda_graphs)
+                                      cuda_graphs=cuda_graphs)
         except BaseException:
             if tp_executor is not None:
                 tp_executor.shutdown()

@@ -5,7 +5,7 @@ to the rotate-half RoPE layout, and cached on disk as Hugging Face folders.
 """
 
 from engine.loader.errors import ModelLoadError
-from engine.loader.gguf_tokenizer import FALLBACK_CHAT_TEMPLATE
+from engine.loader.errors import FALLBACK_CHAT_TEMPLATE
 from engine.loader.load import load_model
 from engine.loader.loaded_model import LoadedModel
 from engine.loader.registry import BUILTIN_MODELS

@@ -7,3 +7,7 @@ class ModelLoadError(ValueError):
     """A model could not be loaded: unknown name, missing or unreadable file, corrupt
     data, or an architecture the engine does not serve. The message names the problem
     and the path or name involved."""
+
+
+# The chat template of models that ship none: the messages' contents, concatenated.
+FALLBACK_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"

@@ -22,7 +22,7 @@ from engine.loader.gguf_meta import field
 # Used when the source has no chat template (stories260K): the message contents
 # concatenated in order, no roles, no markers; ``add_generation_prompt`` adds nothing.
 # A plain-text completion model then continues the last content.
-FALLBACK_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+from engine.loader.errors import FALLBACK_CHAT_TEMPLATE  # noqa: E402 - re-exported
 
 _ID_KEYS = ("bos", "eos", "unknown", "padding", "seperator", "cls", "mask", "eot", "eom")
 

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, PreTraine
 
 from engine.config import ModelConfig
 from engine.loader.errors import ModelLoadError
-from engine.loader.gguf_tokenizer import FALLBACK_CHAT_TEMPLATE
+from engine.loader.errors import FALLBACK_CHAT_TEMPLATE
 
 SUPPORTED_MODEL_TYPES = ("llama",)
 _LLAMA_KEYS = ("embed_tokens", "layers.", "norm.weight")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.loader import gguf_meta, gguf_tokenizer, gguf_weights, hf_folder
+from engine.loader import hf_folder
 from engine.loader.cache import DEFAULT_CACHE_DIR, cached_folder, fingerprint
 from engine.loader.errors import ModelLoadError
 from engine.loader.loaded_model import LoadedModel
@@ -46,6 +46,9 @@ def _has_gguf_magic(path: Path) -> bool:
 
 
 def _convert_gguf(path: Path, folder: Path) -> None:
+    # Imported here: Hugging Face folders load without the gguf package (the GPU image lacks it).
+    from engine.loader import gguf_meta, gguf_tokenizer, gguf_weights
+
     reader = gguf_meta.open_gguf(path)
     config = gguf_meta.read_config(reader, path)
     tokenizer = gguf_tokenizer.gguf_tokenizer(reader, path)
