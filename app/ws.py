@@ -51,6 +51,7 @@ from app.ws_auth import CLOSE_UNAUTHORIZED, close as _close, key_from_handshake,
 from app.ws_auth import receive_auth_key as _receive_auth_key
 from app.chat_service import ChatService, PriorityNotAllowedError, QuotaExceededError, default_priority
 from engine import InvalidRequestError, SamplingParams
+from engine.errors import EngineDeadError
 from tenancy.errors import StoreUnavailableError
 
 log = logging.getLogger("chatgate.ws")
@@ -307,6 +308,10 @@ class ChatSession:
                               message="the quota store is unavailable; try again later")  # fmt: skip
         except InvalidRequestError as exc:
             done = ErrorEvent(id=chat_id, code=getattr(exc, "code", "invalid_request"), message=str(exc))
+        except EngineDeadError as exc:
+            log.error("socket %d chat %s: the engine has stopped: %s", self._sid, request_id, exc)
+            done = ErrorEvent(id=chat_id, code="engine_unavailable",
+                              message="the engine has stopped; no chat can run until the service restarts")
         except Exception:
             log.exception("socket %d chat %s failed in the engine", self._sid, request_id)
             done = ErrorEvent(id=chat_id, code="engine_error", message="the engine failed on this chat")

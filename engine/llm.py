@@ -134,6 +134,10 @@ class LLM:
         encoded = [encode_chat(self.engine, c) for c in conversations]
         return self.generate(encoded, sampling_params, use_tqdm=use_tqdm, tenant_id=tenant_id)
 
+    def shutdown(self) -> None:
+        """Stop tensor-parallel worker processes, if any (they also exit with this process)."""
+        self.engine.shutdown()
+
     def stats(self) -> dict:
         return self.engine.stats()
 
