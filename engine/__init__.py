@@ -8,11 +8,12 @@ Offline use::
     print(outs[0].outputs[0].text)
 """
 
-from engine.errors import InvalidRequestError
+from engine.errors import EngineDeadError, InvalidRequestError
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 
-__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "InvalidRequestError"]
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "InvalidRequestError",
+           "EngineDeadError"]
 
 
 def __getattr__(name: str):

@@ -23,7 +23,7 @@ from engine.attention import AttentionBackend, AttentionMetadata
 from engine.config import ModelConfig
 from engine.distributed import TensorParallelGroup, get_tp_group
 from engine.models.parallel_layers import (MergedColumnParallelLinear, ParallelLMHead, RowParallelLinear,
-                                           VocabParallelEmbedding, _check_shape)
+                                           VocabParallelEmbedding, check_shape)
 
 
 class RMSNorm(nn.Module):
@@ -217,7 +217,7 @@ class LlamaForCausalLM(nn.Module):
                 if hasattr(module, "load"):
                     module.load(attr, tensor, shard)
                 else:
-                    _check_shape(name, tensor.shape, tuple(param.shape))
+                    check_shape(name, tensor.shape, tuple(param.shape))
                     param.copy_(tensor)
                 loaded.add(f"{module_name}.{attr}" + ("" if shard is None else f"#{shard}"))
         missing = sorted(_missing(self, expected, loaded))

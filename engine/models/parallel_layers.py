@@ -39,7 +39,7 @@ def _uniform_init(t: torch.Tensor, fan_in: int) -> None:
         t.uniform_(-bound, bound)
 
 
-def _check_shape(name: str, got: torch.Size, want: tuple[int, ...]) -> None:
+def check_shape(name: str, got: torch.Size, want: tuple[int, ...]) -> None:
     if tuple(got) != tuple(want):
         raise ValueError(f"weights do not fit the model: {name} has shape {tuple(got)}, expected {tuple(want)}")
 
@@ -87,7 +87,7 @@ class MergedColumnParallelLinear(nn.Module):
         """Copy this rank's rows of logical matrix ``shard`` (``full``: HF-sized ``weight`` or ``bias``)."""
         size, local = self.full_sizes[shard], self.local_sizes[shard]
         want = (size, self.in_features) if attr == "weight" else (size,)
-        _check_shape(f"{self.names[shard]}.{attr}", full.shape, want)
+        check_shape(f"{self.names[shard]}.{attr}", full.shape, want)
         start = self.tp.rank * local
         getattr(self, attr).data[self.offsets[shard] : self.offsets[shard] + local].copy_(full[start : start + local])
 
@@ -125,10 +125,10 @@ class RowParallelLinear(nn.Module):
 
     def load(self, attr: str, full: torch.Tensor, shard: int = 0) -> None:
         if attr == "bias":
-            _check_shape(f"{self.name}.bias", full.shape, (self.out_features,))
+            check_shape(f"{self.name}.bias", full.shape, (self.out_features,))
             self.bias.data.copy_(full)
             return
-        _check_shape(f"{self.name}.weight", full.shape, (self.out_features, self.in_features))
+        check_shape(f"{self.name}.weight", full.shape, (self.out_features, self.in_features))
         start = self.tp.rank * self.local_in
         self.weight.data.copy_(full[:, start : start + self.local_in])
 
@@ -169,7 +169,7 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(out)
 
     def load(self, attr: str, full: torch.Tensor, shard: int = 0) -> None:
-        _check_shape(f"{self.name}.weight", full.shape, (self.vocab_size, self.hidden_size))
+        check_shape(f"{self.name}.weight", full.shape, (self.vocab_size, self.hidden_size))
         rows = full[self.vocab_start : self.vocab_start + self.local_vocab]
         self.weight.data.zero_()
         self.weight.data[: rows.shape[0]].copy_(rows)

@@ -141,7 +141,8 @@ def test_health_reports_engine_state_and_database(gateway: GatewayServer):
     health = gateway.health()
     assert health["status"] == "ok" and health["database"] == "ok"
     assert health["model"] == "stories260k"
-    assert set(health["engine"]) == {"running", "waiting", "swapped", "free_kv_blocks", "total_kv_blocks"}
+    assert set(health["engine"]) == {"running", "waiting", "swapped", "free_kv_blocks", "total_kv_blocks", "alive"}
+    assert health["engine"]["alive"] is True
     assert health["engine"]["total_kv_blocks"] > 0
     stats = health["stats"]
     for key in ("num_preemptions", "num_swapped_out_blocks", "num_swapped_in_blocks", "prefix_cache_queried_tokens",
