@@ -194,10 +194,11 @@ class UniProcExecutor:
 class TensorParallelExecutor:
     """Rank 0 of a tensor-parallel group plus its ``world_size - 1`` worker processes.
 
-    Construction happens in two halves, because rank 0's own runner captures CUDA
-    graphs that contain collectives, which every rank must run together:
-    ``start_workers`` spawns the workers and joins the group; the engine then builds
-    rank 0's runner; ``wait_ready`` waits for the workers to have built theirs.
+    Start-up happens in two halves, because building a runner may run collectives
+    (warm-up, graph capture) that every rank must run together: the constructor
+    spawns the workers, waits until each has started, and joins the group with
+    them; the engine then builds rank 0's runner while the workers build theirs;
+    ``wait_ready`` waits for the workers to report theirs built.
 
     Args:
         spec: what each worker builds.
