@@ -43,7 +43,7 @@ from starlette.routing import Route
 from app.chat_service import ChatService, PriorityNotAllowedError, QuotaExceededError
 from app.logging_setup import bind_request_id
 from app.openai_protocol import ChatCompletionRequest, CompletionRequest, ResponseFormatter, error_body, now_s
-from engine import InvalidRequestError, SamplingParams
+from engine import EngineDeadError, InvalidRequestError, SamplingParams
 from tenancy.errors import StoreUnavailableError
 
 log = logging.getLogger("chatgate.openai")
@@ -152,6 +152,8 @@ async def _serve(request: Request, principal: Any, body: Any, prompt_ids: list[i
         last = await _until_disconnected(request, _drain(first, stream))
     except ClientGone:
         return Response(status_code=499)
+    except EngineDeadError as exc:  # the engine stopped mid-request (e.g. a tensor-parallel worker died)
+        raise _api_error(exc) from None
     finally:
         await stream.aclose()
     if last.outputs[0].finish_reason == "error":
@@ -237,7 +239,8 @@ def _sampling_params(body: Any, num_prompt_tokens: int, max_model_len: int) -> S
     if room < 1:
         raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, your "
                        f"prompt is {num_prompt_tokens} tokens, leaving no room for an answer.",
-                       "invalid_request_error", "context_length_exceeded", "messages")  # fmt: skip
+                       "invalid_request_error", "context_length_exceeded",
+                       "messages" if hasattr(body, "messages") else "prompt")  # fmt: skip
     wanted = body.requested_max_tokens()
     try:
         return SamplingParams(
@@ -346,7 +349,13 @@ async def _sse(fmt: ResponseFormatter, first: Any, stream: AsyncIterator[Any], i
             text = out.outputs[0].delta_text
             if text:
                 yield fmt.event(fmt.chunk({"content": text} if fmt.chat else text, None, include_usage))
-            out = None if out.finished else await _first(stream)
+            try:
+                out = None if out.finished else await _first(stream)
+            except EngineDeadError as exc:
+                log.error("request stopped: the engine has stopped: %s", exc)
+                yield fmt.event(error_body("The engine is unavailable.", "server_error", "service_unavailable"))
+                yield "data: [DONE]\n\n"
+                return
         reason = last.outputs[0].finish_reason if last is not None else "abort"
         if reason == "error":
             yield fmt.event(error_body("the engine failed on this request", "server_error", "engine_error"))

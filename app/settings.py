@@ -49,6 +49,7 @@ class Settings(BaseSettings):
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     device: str = "cpu"
     tensor_parallel_size: int = Field(1, ge=1)  # ranks the model is split across (engine.executor)
+    tensor_parallel_timeout_s: float = Field(300.0, gt=0)  # a rank waiting longer in a collective fails the engine
 
     # ---- gateway ----
     auth_timeout_s: float = Field(5.0, gt=0)  # time a socket has to authenticate
@@ -123,6 +124,7 @@ class Settings(BaseSettings):
             "dtype": self.dtype,
             "device": self.device,
             "tensor_parallel_size": self.tensor_parallel_size,
+            "tensor_parallel_timeout_s": self.tensor_parallel_timeout_s,
         }
 
 

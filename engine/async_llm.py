@@ -63,15 +63,21 @@ class AsyncLLM:
         self._sinks: dict[str, tuple[asyncio.Queue, asyncio.AbstractEventLoop]] = {}
         self._stats = engine.stats()
         self._stopped = threading.Event()
-        self.dead_reason: str | None = None  # why the engine thread stopped, if it did on its own
+        self._dead_reason: str | None = None  # why the engine thread stopped, if it did on its own
         self._thread = threading.Thread(target=self._run, name="chatgate-engine", daemon=True)
         self._thread.start()
 
     # -- properties used by gateways ------------------------------------------------
     @property
     def is_alive(self) -> bool:
-        """False once the engine thread has stopped (shut down, or died: see ``dead_reason``)."""
-        return not self._stopped.is_set()
+        """False once the engine cannot serve: its thread stopped, or a tensor-parallel
+        worker died (seen at once, even while idle); ``dead_reason`` says why."""
+        return not self._stopped.is_set() and self.engine.dead_reason() is None
+
+    @property
+    def dead_reason(self) -> str | None:
+        """Why the engine cannot serve, or None while it can."""
+        return self._dead_reason or self.engine.dead_reason()
 
     @property
     def tokenizer(self):
@@ -114,7 +120,7 @@ class AsyncLLM:
         Closing the iterator early (``break``, task cancellation) aborts the request.
         """
         if self._stopped.is_set():
-            raise EngineDeadError(self.dead_reason or "the engine has stopped")
+            raise EngineDeadError(self._dead_reason or "the engine has stopped")
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
@@ -155,15 +161,18 @@ class AsyncLLM:
                 if self.engine.has_unfinished_requests():
                     for out in self.engine.step():
                         self._deliver(out)
+                elif (reason := self.engine.dead_reason()) is not None and not self._stopped.is_set():
+                    raise EngineDeadError(reason)  # a worker died while idle: stop now, not at the next request
                 self._stats = self.engine.stats()
         except EngineDeadError as exc:  # e.g. a tensor-parallel worker died: reported, not re-raised
             logger.error("engine stopped: %s", exc)
-            self.dead_reason = str(exc)
+            self._dead_reason = str(exc)
+            self.engine.shutdown()  # the other workers, if any
             for rid in list(self._sinks):
                 self._deliver_error(rid, exc)
         except BaseException as exc:  # noqa: BLE001 - reported to every waiter, then re-raised
             logger.exception("engine thread died")
-            self.dead_reason = f"{type(exc).__name__}: {exc}"
+            self._dead_reason = f"{type(exc).__name__}: {exc}"
             for rid in list(self._sinks):
                 self._deliver_error(rid, EngineDeadError(f"engine stopped: {exc}"))
             raise

@@ -30,6 +30,7 @@ import signal
 import socket
 import threading
 import traceback
+import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -106,6 +107,12 @@ def check_tensor_parallel_size(config: ModelConfig, size: int, device: str) -> N
         if (d.index or 0) + size > present:
             raise ValueError(f"tensor_parallel_size {size} needs GPUs {d.index or 0}..{(d.index or 0) + size - 1}; "
                              f"{present} present")
+
+
+# Why a worker may die before its first message: spawn re-imports the parent's main module.
+_SPAWN_HINT = (" before it could report (its traceback is on stderr). Workers are spawned, which "
+               "re-imports the main script: a script that starts a tensor-parallel engine at import "
+               "time must do so under `if __name__ == \"__main__\":`")
 
 
 def _free_port() -> int:
@@ -187,6 +194,9 @@ class UniProcExecutor:
         self.runner.swap(blocks_to_swap_out, blocks_to_swap_in)
         return self.runner.execute(plans) if plans else None
 
+    def dead_reason(self) -> str | None:
+        return None
+
     def shutdown(self) -> None:
         pass
 
@@ -209,9 +219,13 @@ class TensorParallelExecutor:
     """
 
     def __init__(self, spec: WorkerSpec, world_size: int) -> None:
+        if torch.distributed.is_initialized():
+            raise EngineDeadError("this process already runs a tensor-parallel engine (or another "
+                                  "torch.distributed group); shut it down first (LLM.shutdown())")
         self.world_size = world_size
         self.runner = None
         self._dead: str | None = None
+        self._group_state = {"joined": False}  # whether this process joined the group (and must leave it)
         self._lock = threading.Lock()
         ctx = mp.get_context("spawn")
         init_method = f"tcp://127.0.0.1:{_free_port()}"
@@ -225,11 +239,12 @@ class TensorParallelExecutor:
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
+        weakref.finalize(self, _stop_group, self.procs, self.conns, self._group_state, 5.0)
         # Every worker must be alive and about to join before rank 0 blocks in the
         # rendezvous, which would otherwise wait out the whole timeout for a worker
         # that died on start-up.
         for rank, (proc, conn) in enumerate(zip(self.procs, self.conns), start=1):
-            msg = self._recv(rank, proc, conn, spec.timeout_s)
+            msg = self._recv(rank, proc, conn, spec.timeout_s, _SPAWN_HINT)
             if msg[0] != "started":
                 self.shutdown()
                 raise EngineDeadError(f"tensor-parallel worker rank {rank} failed to start: {msg[1]}")
@@ -237,6 +252,7 @@ class TensorParallelExecutor:
         try:
             init_tensor_parallel(0, world_size, init_method, "nccl" if device.type == "cuda" else "gloo",
                                  spec.timeout_s)
+            self._group_state["joined"] = True
         except BaseException as exc:
             self.shutdown()
             raise EngineDeadError(f"tensor-parallel group did not form: {self._worker_failures() or exc}") from exc
@@ -254,20 +270,20 @@ class TensorParallelExecutor:
                 self.shutdown()
                 raise EngineDeadError(f"tensor-parallel worker rank {rank} failed to start:\n{msg[1]}")
 
-    def _recv(self, rank: int, proc, conn: Connection, timeout_s: float):
+    def _recv(self, rank: int, proc, conn: Connection, timeout_s: float, hint: str = ""):
         """One message from a worker, or ``("error", why)`` if it dies or stays silent."""
         waited = 0.0
         while not conn.poll(0.5):
             waited += 0.5
             if not proc.is_alive():
-                return ("error", f"the process exited with code {proc.exitcode}")
+                return ("error", f"the process exited with code {proc.exitcode}{hint}")
             if waited >= timeout_s:
                 return ("error", f"no answer after {timeout_s:.0f} s")
         try:
             return conn.recv()
         except EOFError:
             proc.join(5)
-            return ("error", f"the process exited with code {proc.exitcode}")
+            return ("error", f"the process exited with code {proc.exitcode}{hint}")
 
     def _worker_failures(self) -> str:
         """Why workers are gone, from their exit codes and any traceback they sent."""
@@ -296,6 +312,18 @@ class TensorParallelExecutor:
         self.shutdown()
         return EngineDeadError(reason)
 
+    def dead_reason(self) -> str | None:
+        """None while every worker lives; else why the group is dead.
+
+        Cheap (a ``waitpid`` per worker) and side-effect free, so any thread may ask;
+        the engine thread fails the group at its next step.
+        """
+        if self._dead is not None:
+            return self._dead
+        dead = [f"tensor-parallel worker rank {rank} (pid {p.pid}) exited with code {p.exitcode}"
+                for rank, p in enumerate(self.procs, start=1) if not p.is_alive()]
+        return "; ".join(dead) or None
+
     def execute_model(self, blocks_to_swap_out, blocks_to_swap_in, plans):
         """Send the step to every worker, run rank 0's share, return rank 0's logits (or None).
 
@@ -319,23 +347,31 @@ class TensorParallelExecutor:
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the workers (asking first, then SIGTERM, then SIGKILL) and leave the group. Idempotent."""
-        for conn in self.conns:
-            try:
-                conn.send(("shutdown",))
-            except (OSError, ValueError):
-                pass
-        for proc in self.procs:
-            proc.join(timeout_s)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(2)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        for conn in self.conns:
-            conn.close()
-        self.conns = []
-        self.procs = [p for p in self.procs if p.exitcode is None]
         if self._dead is None:
             self._dead = "the engine has been shut down"
+        _stop_group(self.procs, self.conns, self._group_state, timeout_s)
+
+
+def _stop_group(procs: list, conns: list, group_state: dict, timeout_s: float) -> None:
+    """``TensorParallelExecutor.shutdown``'s work, also run by its finalizer when an engine is
+    dropped without ``shutdown`` (so the process can start another one). Empties both lists."""
+    for conn in conns:
+        try:
+            conn.send(("shutdown",))
+        except (OSError, ValueError):
+            pass
+    for proc in procs:
+        proc.join(timeout_s)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(2)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    for conn in conns:
+        conn.close()
+    conns.clear()
+    procs.clear()
+    if group_state.get("joined"):
+        group_state["joined"] = False
         destroy_tensor_parallel()

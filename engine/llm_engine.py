@@ -353,6 +353,10 @@ class LLMEngine:
             outputs.append(self._advance(request, token_id, logprob, now))
         return outputs
 
+    def dead_reason(self) -> str | None:
+        """None while the engine can step; else why not (a tensor-parallel worker died, or shutdown)."""
+        return self.executor.dead_reason()
+
     def shutdown(self) -> None:
         """Stop tensor-parallel workers, if any (idempotent; the engine cannot step afterwards at TP > 1)."""
         self.executor.shutdown()

@@ -4,6 +4,7 @@ worker killed under it turns into clear errors and an unhealthy /health, never a
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -34,13 +35,14 @@ def _tp_workers(parent_pid: int) -> list[int]:
     return pids
 
 
-def test_gateway_at_tp2_answers_like_tp1_and_survives_a_dead_worker_with_errors(tmp_path, stories_path, stories_llm):
+def test_gateway_at_tp2_answers_like_tp1_and_fails_cleanly_when_a_worker_dies(tmp_path, stories_path, stories_llm):
     max_tokens = 32
     expected = [stories_llm.chat([{"role": "user", "content": p}], SamplingParams(temperature=0, max_tokens=max_tokens))[0]
                 for p in PROMPTS]
     server = GatewayServer(tmp_path, "stories260k", STORIES_MAX_MODEL_LEN,
                            extra_env={"CHATGATE_TENSOR_PARALLEL_SIZE": "2"})
     server.start()
+    workers = []
     try:
         workers = _tp_workers(server.proc.pid)
         assert len(workers) == 1, workers
@@ -58,9 +60,29 @@ def test_gateway_at_tp2_answers_like_tp1_and_survives_a_dead_worker_with_errors(
             assert done["type"] == "chat.done", done
             assert text == want.outputs[0].text
 
-        os.kill(workers[0], signal.SIGKILL)
+        # An OpenAI-style stream whose worker dies under it ends with an error event and [DONE].
+        headers = {"Authorization": f"Bearer {server.keys['local']}"}
+        body = {"model": "stories260k", "messages": [{"role": "user", "content": PROMPTS[0]}], "temperature": 0,
+                "max_tokens": 200, "stream": True, "ignore_eos": True}
+        lines = []
+        with httpx.stream("POST", f"{server.base}/v1/chat/completions", json=body, headers=headers, timeout=60) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line:
+                    continue
+                lines.append(line)
+                if len(lines) == 3:  # role chunk and two content chunks: the request is decoding
+                    os.kill(workers[0], signal.SIGKILL)
+        assert lines[-1] == "data: [DONE]"
+        last_event = json.loads(lines[-2][len("data: "):])
+        assert last_event["error"]["code"] == "service_unavailable", last_event
 
-        async def after_kill():
+        response = httpx.get(f"{server.base}/health", timeout=5)
+        assert response.status_code == 503
+        engine = response.json()["engine"]
+        assert engine["alive"] is False and "rank 1" in engine["error"]
+
+        async def ws_after_kill():
             client = await ChatClient.connect(server, server.keys["local"])
             try:
                 return await client.chat("late", [{"role": "user", "content": PROMPTS[0]}], temperature=0,
@@ -69,13 +91,33 @@ def test_gateway_at_tp2_answers_like_tp1_and_survives_a_dead_worker_with_errors(
                 await client.close()
 
         t0 = time.monotonic()
-        _, event = asyncio.run(after_kill())
+        _, event = asyncio.run(ws_after_kill())
         assert event["type"] == "error" and event["code"] == "engine_unavailable", event
         assert time.monotonic() - t0 < 60
-        response = httpx.get(f"{server.base}/health", timeout=5)
-        assert response.status_code == 503
-        engine = response.json()["engine"]
-        assert engine["alive"] is False and "rank 1" in engine["error"]
+        plain = httpx.post(f"{server.base}/v1/chat/completions", headers=headers, timeout=30,
+                           json={**body, "stream": False, "max_tokens": 8})
+        assert plain.status_code == 503 and plain.json()["error"]["code"] == "service_unavailable"
     finally:
         server.stop()
     assert server.proc.returncode is not None
+    assert all(not Path(f"/proc/{pid}").exists() for pid in workers)
+
+
+def test_gateway_at_tp2_reports_a_worker_that_dies_while_idle(tmp_path, stories_path):
+    """No request needed: /health turns 503 as soon as the worker is gone, so a load balancer stops routing."""
+    server = GatewayServer(tmp_path, "stories260k", STORIES_MAX_MODEL_LEN,
+                           extra_env={"CHATGATE_TENSOR_PARALLEL_SIZE": "2"})
+    server.start()
+    try:
+        (worker,) = _tp_workers(server.proc.pid)
+        assert httpx.get(f"{server.base}/health", timeout=5).status_code == 200
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            response = httpx.get(f"{server.base}/health", timeout=5)
+            if response.status_code == 503:
+                break
+            time.sleep(0.2)
+        assert response.status_code == 503 and "rank 1" in response.json()["engine"]["error"]
+    finally:
+        server.stop()

@@ -9,6 +9,7 @@ an error rather than hang it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import time
@@ -54,8 +55,8 @@ def _engine(hf, tp: int, **kw) -> LLMEngine:
     return LLMEngine(model_config_from_hf(hf), hf.state_dict(), None, EngineConfig(tensor_parallel_size=tp, **kw))
 
 
-def _workers_gone(engine: LLMEngine) -> bool:
-    return all(not p.is_alive() for p in getattr(engine.executor, "procs", []))
+def _workers_gone(procs) -> bool:
+    return all(not p.is_alive() for p in procs)
 
 
 def test_sharded_model_loads_each_ranks_slice():
@@ -103,8 +104,9 @@ def test_tp2_greedy_equals_tp1_on_tiny_models(name):
     hf = make_hf_model(name)
     expected = _greedy(_engine(hf, 1), PROMPTS)
     engine = _engine(hf, 2)
+    procs = list(engine.executor.procs)
     try:
-        assert engine.executor.world_size == 2 and all(p.is_alive() for p in engine.executor.procs)
+        assert engine.executor.world_size == 2 and len(procs) == 1 and procs[0].is_alive()
         # Each rank holds half the KV heads in a cache of the same geometry.
         assert engine.runner.kv_caches[0][0].shape[2] == TINY_CONFIGS[name]["num_key_value_heads"] // 2
         assert _greedy(engine, PROMPTS) == expected
@@ -115,7 +117,7 @@ def test_tp2_greedy_equals_tp1_on_tiny_models(name):
         assert stats["free_gpu_blocks"] == stats["total_gpu_blocks"]
     finally:
         engine.shutdown()
-    assert _workers_gone(engine)
+    assert _workers_gone(procs) and procs[0].exitcode == 0  # asked to stop, not killed
     assert get_tp_group().world_size == 1 and not torch.distributed.is_initialized()
 
 
@@ -181,6 +183,7 @@ def test_a_worker_killed_mid_generation_ends_async_requests_with_an_error():
     """The worker dies while steps run; every waiting stream gets EngineDeadError, none hangs."""
     hf = make_hf_model("mha_untied")
     engine = _engine(hf, 2, num_gpu_blocks=256)
+    procs = list(engine.executor.procs)
     llm = AsyncLLM(engine=engine)
     long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
 
@@ -212,7 +215,7 @@ def test_a_worker_killed_mid_generation_ends_async_requests_with_an_error():
             asyncio.run(after())
     finally:
         llm.shutdown()
-    assert _workers_gone(engine) and not torch.distributed.is_initialized()
+    assert _workers_gone(procs) and not torch.distributed.is_initialized()
 
 
 def test_a_worker_that_cannot_load_reports_its_error():
@@ -232,3 +235,41 @@ def test_a_worker_that_cannot_load_reports_its_error():
     finally:
         ex.shutdown()
     assert not ex.procs and not torch.distributed.is_initialized()
+
+
+def test_a_worker_dying_while_idle_is_seen_without_a_request():
+    hf = make_hf_model("mha_untied")
+    llm = AsyncLLM(engine=_engine(hf, 2))
+    try:
+        assert llm.is_alive and llm.dead_reason is None
+        os.kill(llm.engine.executor.procs[0].pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while llm.is_alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not llm.is_alive and "rank 1" in llm.dead_reason
+    finally:
+        llm.shutdown()
+    assert not torch.distributed.is_initialized()
+
+
+def test_one_tensor_parallel_engine_per_process_and_a_dropped_one_frees_its_place():
+    hf = make_hf_model("mha_untied")
+    first = _engine(hf, 2)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(EngineDeadError, match="already runs a tensor-parallel engine"):
+            _engine(hf, 2)
+        assert time.monotonic() - t0 < 5  # refused before any process starts
+        assert _greedy(first, PROMPTS[:2]) == _greedy(_engine(hf, 1), PROMPTS[:2])  # the first one is untouched
+    finally:
+        first.shutdown()
+    dropped = _engine(hf, 2)
+    procs = list(dropped.executor.procs)
+    del dropped  # never shut down: its finalizer stops the workers and leaves the group
+    gc.collect()
+    assert _workers_gone(procs) and not torch.distributed.is_initialized()
+    again = _engine(hf, 2)
+    try:
+        assert _greedy(again, PROMPTS[:1]) == _greedy(_engine(hf, 1), PROMPTS[:1])
+    finally:
+        again.shutdown()

@@ -73,7 +73,10 @@ def test_prompt_that_fills_the_context_is_context_length_exceeded(openai_gateway
     client = make_client(openai_gateway, openai_gateway.keys["alpha"])
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "cat " * 400}])
-    assert info.value.code == "context_length_exceeded"
+    assert info.value.code == "context_length_exceeded" and info.value.param == "messages"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model_name, prompt="cat " * 400)
+    assert info.value.code == "context_length_exceeded" and info.value.param == "prompt"
 
 
 def test_forbidden_priority_is_a_permission_error(openai_gateway, model_name):

@@ -92,3 +92,7 @@ def test_settings_are_frozen():
 def test_engine_options_are_plain_values():
     options = Settings(max_model_len=4096).engine_options()
     assert options["block_size"] == 16 and options["max_model_len"] == 4096
+    assert options["tensor_parallel_size"] == 1 and options["tensor_parallel_timeout_s"] == 300.0
+    from engine.llm_engine import EngineConfig
+
+    EngineConfig(**{k: v for k, v in options.items() if k != "model"})  # every option is one the engine takes
