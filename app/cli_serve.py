@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import ipaddress
 import secrets
+import sys
 
 LOCAL_TENANT = "local"
 # Frames up to this many times the message limit get an ``error`` event; larger
@@ -55,7 +56,14 @@ def serve(args: argparse.Namespace) -> int:
     from app.server import create_app
     from app.settings import get_settings
 
-    settings = get_settings(**{k: getattr(args, k) for k in _SETTING_ARGS if getattr(args, k) is not None})
+    from pydantic import ValidationError
+
+    try:
+        settings = get_settings(**{k: getattr(args, k) for k in _SETTING_ARGS if getattr(args, k) is not None})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False))
+        print(f"chatgate serve: {problems}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level)
     key = asyncio.run(bootstrap(settings.database_url, settings.host))
     base = f"http://{_url_host(settings.host)}:{settings.port}/"
@@ -80,14 +88,28 @@ def serve(args: argparse.Namespace) -> int:
 
     print(f"chatgate: loading {settings.model} on {settings.device} (the first start converts the model files)…",
           flush=True)  # fmt: skip
-    uvicorn.run(
-        create_app(settings, on_ready=announce),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        log_config=uvicorn_log_config(),
-        ws_max_size=TRANSPORT_FRAME_FACTOR * settings.ws_max_message_bytes,
-    )
+    # The engine loads before the server starts, so a bad model or engine option is one
+    # line on stderr and exit status 2, not a traceback inside a failed lifespan.
+    from app.server import load_engine
+    from engine.errors import EngineDeadError
+    from engine.loader import ModelLoadError
+
+    try:
+        llm = load_engine(settings)
+    except (ModelLoadError, ValueError, EngineDeadError) as exc:
+        print(f"chatgate serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        uvicorn.run(
+            create_app(settings, llm=llm, on_ready=announce),
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            log_config=uvicorn_log_config(),
+            ws_max_size=TRANSPORT_FRAME_FACTOR * settings.ws_max_message_bytes,
+        )
+    finally:
+        llm.shutdown()  # the engine thread, and tensor-parallel workers if any
     return 0
 
 
