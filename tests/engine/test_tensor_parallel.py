@@ -182,22 +182,25 @@ def test_a_worker_killed_between_steps_fails_the_next_step_cleanly():
 def test_a_worker_killed_mid_generation_ends_async_requests_with_an_error():
     """The worker dies while steps run; every waiting stream gets EngineDeadError, none hangs."""
     hf = make_hf_model("mha_untied")
-    engine = _engine(hf, 2, num_gpu_blocks=256)
+    engine = _engine(hf, 2, num_gpu_blocks=512)  # room for all three (101 blocks each): no preemption
     procs = list(engine.executor.procs)
     llm = AsyncLLM(engine=engine)
     long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+    started: dict[str, asyncio.Event] = {}
 
     async def consume(rid):
         n = 0
         async for out in llm.generate([1, 2, 3], long, request_id=rid):
             n += len(out.outputs[0].delta_token_ids)
+            started[rid].set()
         return n
 
     async def main():
+        for i in range(3):
+            started[f"s{i}"] = asyncio.Event()
         tasks = [asyncio.create_task(consume(f"s{i}")) for i in range(3)]
-        while engine.stats()["num_running"] < 3:
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)
+        # Every stream is decoding before the kill (bounded wait: a stuck test must fail, not hang).
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started.values())), timeout=60)
         os.kill(engine.executor.procs[0].pid, signal.SIGKILL)
         return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
 
