@@ -8,6 +8,7 @@ thread through a queue; outputs come back with ``loop.call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -63,6 +64,7 @@ class AsyncLLM:
         self._sinks: dict[str, tuple[asyncio.Queue, asyncio.AbstractEventLoop]] = {}
         self._stats = engine.stats()
         self._stopped = threading.Event()
+        self._state_lock = threading.Lock()  # orders "check stopped, queue a command" against the thread's exit
         self._dead_reason: str | None = None  # why the engine thread stopped, if it did on its own
         self._thread = threading.Thread(target=self._run, name="chatgate-engine", daemon=True)
         self._thread.start()
@@ -119,12 +121,14 @@ class AsyncLLM:
 
         Closing the iterator early (``break``, task cancellation) aborts the request.
         """
-        if self._stopped.is_set():
-            raise EngineDeadError(self._dead_reason or "the engine has stopped")
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
-        self._commands.put(_Add(request_id, list(prompt_token_ids), params, tenant_id, priority, cache_salt, weight, sink, loop, accepted))
+        with self._state_lock:  # against the engine thread's exit: a command is queued only while it runs
+            if self._stopped.is_set():
+                raise EngineDeadError(self._dead_reason or "the engine has stopped")
+            self._commands.put(_Add(request_id, list(prompt_token_ids), params, tenant_id, priority, cache_salt,
+                                    weight, sink, loop, accepted))
         await accepted
         finished = False
         try:
@@ -177,7 +181,19 @@ class AsyncLLM:
                 self._deliver_error(rid, EngineDeadError(f"engine stopped: {exc}"))
             raise
         finally:
-            self._stopped.set()
+            with self._state_lock:
+                self._stopped.set()
+                pending = []
+                while True:
+                    try:
+                        pending.append(self._commands.get_nowait())
+                    except queue.Empty:
+                        break
+            gone = EngineDeadError(self._dead_reason or "the engine has stopped")
+            for cmd in pending:  # requests queued while the thread was ending: refused, not left waiting
+                if isinstance(cmd, _Add):
+                    with contextlib.suppress(RuntimeError):  # the caller's loop is closed
+                        cmd.loop.call_soon_threadsafe(_set_exception, cmd.accepted, gone)
             for rid in list(self._sinks):
                 self._deliver_error(rid, EngineDeadError("the engine has stopped"))
 
