@@ -95,3 +95,23 @@ def weight_bytes(model: torch.nn.Module) -> int:
             seen.add(p.data_ptr())
             total += p.numel() * p.element_size()
     return total
+
+
+def build_model(
+    config: ModelConfig, state_dict: dict[str, torch.Tensor] | None, device: torch.device | str,
+    dtype: torch.dtype, seed: int = 0, tp: TensorParallelGroup | None = None,
+) -> LlamaForCausalLM:
+    """One rank's model: loaded from full-size HF-named ``state_dict`` (its slices taken), or,
+    when ``state_dict`` is None, dummy weights drawn with ``seed`` (``build_dummy_model``).
+
+    Returns:
+        the model in eval mode on ``device`` in ``dtype``.
+
+    Raises:
+        ValueError: weights that do not fit the model, or a group size that does not divide it.
+    """
+    if state_dict is None:
+        return build_dummy_model(config, device, dtype, seed, tp=tp)
+    model = LlamaForCausalLM(config, tp)
+    model.load_hf_state_dict(state_dict)
+    return model.to(device=device, dtype=dtype).eval()

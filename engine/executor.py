@@ -122,27 +122,17 @@ def _free_port() -> int:
 
 
 def _build_runner(spec: WorkerSpec, rank: int, world_size: int):
-    """Worker side: this rank's model shard and runner (rank 0 builds its own in ``LLMEngine``)."""
-    from engine.attention import make_attention_backend
-    from engine.dummy_models import build_dummy_model
-    from engine.model_runner import ModelRunner, compile_layers
-    from engine.models.llama import LlamaForCausalLM
+    """Worker side: this rank's model shard and runner (rank 0 builds its own the same way in ``LLMEngine``)."""
+    from engine.dummy_models import build_model
+    from engine.model_runner import build_runner
 
     device = rank_device(spec.device, rank)
-    tp = TensorParallelGroup(rank, world_size)
     torch.manual_seed(spec.seed)
-    if spec.state_dict is None:
-        model = build_dummy_model(spec.model_config, device, spec.dtype, spec.seed + rank, tp=tp)
-    else:
-        model = LlamaForCausalLM(spec.model_config, tp)
-        model.load_hf_state_dict(spec.state_dict)
-        model = model.to(device=device, dtype=spec.dtype).eval()
-    backend = make_attention_backend(spec.attention_backend, device)
-    if spec.compile_model:
-        compile_layers(model, backend)
-    return ModelRunner(model, spec.num_blocks, spec.block_size, device, backend, spec.num_cpu_blocks,
-                       max_num_seqs=spec.max_num_seqs, max_model_len=spec.max_model_len,
-                       cuda_graphs=spec.cuda_graphs)
+    model = build_model(spec.model_config, spec.state_dict, device, spec.dtype, spec.seed + rank,
+                        TensorParallelGroup(rank, world_size))
+    return build_runner(model, device, spec.attention_backend, spec.compile_model, spec.num_blocks,
+                        spec.block_size, spec.num_cpu_blocks, max_num_seqs=spec.max_num_seqs,
+                        max_model_len=spec.max_model_len, cuda_graphs=spec.cuda_graphs)
 
 
 def _worker_main(rank: int, world_size: int, init_method: str, spec: WorkerSpec, conn: Connection) -> None:

@@ -13,17 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import make_attention_backend
 from engine.block_manager import BlockManager
 from engine.config import ModelConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.distributed import TensorParallelGroup
 from engine.errors import EngineDeadError, InvalidRequestError
-from engine.dummy_models import build_dummy_model
+from engine.dummy_models import build_model
 from engine.executor import (TensorParallelExecutor, UniProcExecutor, WorkerSpec,
                              check_tensor_parallel_size)
-from engine.model_runner import ModelRunner, compile_layers, kv_bytes_per_block
-from engine.models.llama import LlamaForCausalLM
+from engine.model_runner import build_runner, kv_bytes_per_block
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.policy import make_policy
 from engine.request import Request, RequestStatus
@@ -156,12 +154,7 @@ class LLMEngine:
         check_tensor_parallel_size(model_config, tp_size, config.device)
         tp = TensorParallelGroup(0, tp_size)  # rank 0's shard; the group forms below
         torch.manual_seed(config.seed)
-        if state_dict is None:
-            model = build_dummy_model(model_config, self.device, config.torch_dtype, config.seed, tp=tp)
-        else:
-            model = LlamaForCausalLM(model_config, tp)
-            model.load_hf_state_dict(state_dict)
-            model = model.to(device=self.device, dtype=config.torch_dtype).eval()
+        model = build_model(model_config, state_dict, self.device, config.torch_dtype, config.seed, tp)
         num_blocks = config.num_gpu_blocks or self._auto_num_blocks(model_config)
         block_bytes = kv_bytes_per_block(model_config, config.block_size, config.torch_dtype, tp_size)
         # More than a few GPU pools' worth of swap space is never used (swapped
@@ -190,13 +183,10 @@ class LLMEngine:
                 model_config, state_dict, config.torch_dtype, config.device, num_blocks, config.block_size,
                 num_cpu_blocks, config.attention_backend, config.max_num_seqs, self.max_model_len,
                 cuda_graphs, config.seed, config.tensor_parallel_timeout_s, compile_model), tp_size)
-        backend = make_attention_backend(config.attention_backend, self.device)
-        if compile_model:
-            compile_layers(model, backend)
         try:
-            self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, backend, num_cpu_blocks,
-                                      max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                                      cuda_graphs=cuda_graphs)
+            self.runner = build_runner(model, self.device, config.attention_backend, compile_model, num_blocks,
+                                       config.block_size, num_cpu_blocks, max_num_seqs=config.max_num_seqs,
+                                       max_model_len=self.max_model_len, cuda_graphs=cuda_graphs)
         except BaseException:
             if tp_executor is not None:
                 tp_executor.shutdown()

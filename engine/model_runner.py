@@ -324,3 +324,17 @@ def compile_layers(model: LlamaForCausalLM, backend: AttentionBackend) -> None:
     setattr(cfg, name, max(getattr(cfg, name), 256))
     for layer in model.model.layers:
         layer.compile(dynamic=True)
+
+
+def build_runner(model: LlamaForCausalLM, device: torch.device, attention_backend: str, compile_model: bool,
+                 num_blocks: int, block_size: int, num_cpu_blocks: int, *, max_num_seqs: int,
+                 max_model_len: int, cuda_graphs: bool) -> ModelRunner:
+    """The attention backend by name, ``compile_layers`` if asked, then the ``ModelRunner``
+    (which allocates the KV cache and captures CUDA graphs); the same on every rank."""
+    from engine.attention import make_attention_backend
+
+    backend = make_attention_backend(attention_backend, device)
+    if compile_model:
+        compile_layers(model, backend)
+    return ModelRunner(model, num_blocks, block_size, device, backend, num_cpu_blocks,
+                       max_num_seqs=max_num_seqs, max_model_len=max_model_len, cuda_graphs=cuda_graphs)
